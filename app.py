@@ -1,0 +1,30 @@
+#!/usr/bin/env python3
+"""Reads the configuration once, then wires the stack. Bad settings exit 2 with one line."""
+
+from __future__ import annotations
+
+import sys
+
+import aws_cdk as cdk
+
+from eks_pd_serving.config import ConfigError, DeploymentConfig
+from stacks.pd_serving_stack import PdServingStack
+
+STACK_NAME = "RayLlmPdServing"
+
+
+def main() -> None:
+    app = cdk.App()
+    context = app.node.get_all_context()
+    try:
+        config = DeploymentConfig.from_context(context)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    env = cdk.Environment(region=config.region) if config.region else None
+    PdServingStack(app, STACK_NAME, config=config, env=env)
+    app.synth()
+
+
+if __name__ == "__main__":
+    main()

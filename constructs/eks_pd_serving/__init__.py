@@ -1,0 +1,1 @@
+"""Prefill/decode-disaggregated LLM serving on Amazon EKS, as AWS CDK constructs."""

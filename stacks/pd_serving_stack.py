@@ -1,0 +1,44 @@
+"""The one stack `cdk deploy` creates: the PdServing construct plus the commands a user runs next."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aws_cdk import Aws, CfnOutput, Stack
+from constructs import Construct
+
+from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.k8s.ray_service import SERVE_PORT
+from eks_pd_serving.pd_serving import PdServing
+
+
+class PdServingStack(Stack):
+    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, **kwargs: Any) -> None:
+        super().__init__(scope, id, **kwargs)
+        self.serving = PdServing(self, "PdServing", config=config)
+        props = self.serving.ray_service.props
+        region = config.region or Aws.REGION
+        CfnOutput(self, "ClusterName", value=config.cluster_name)
+        CfnOutput(
+            self,
+            "UpdateKubeconfigCommand",
+            value=f"aws eks update-kubeconfig --name {config.cluster_name} --region {region}",
+        )
+        CfnOutput(
+            self,
+            "PortForwardCommand",
+            value=(
+                f"kubectl -n {props.namespace} port-forward "
+                f"svc/{props.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
+            ),
+        )
+        CfnOutput(
+            self,
+            "ChatCompletionsCurl",
+            value=(
+                f"curl -s http://localhost:{SERVE_PORT}/v1/chat/completions "
+                "-H 'Content-Type: application/json' "
+                f"""-d '{{"model": "{props.model.model_id}", "messages": """
+                """[{"role": "user", "content": "Hello"}], "max_tokens": 64}'"""
+            ),
+        )
