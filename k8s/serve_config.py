@@ -21,9 +21,7 @@ KV_CONNECTOR = "NixlConnector"
 _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
-def build_llm_config(
-    phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec
-) -> dict[str, Any]:
+def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec) -> dict[str, Any]:
     """One side's Ray Serve ``LLMConfig`` as a plain dict."""
     return {
         "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib
+from typing import cast
 
 from aws_cdk import Annotations, Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+
 from constructs import Construct
 
 from .config import DeploymentConfig
@@ -22,9 +24,7 @@ _NODE_ADDONS = {"VpcCni": "vpc-cni", "KubeProxy": "kube-proxy", "PodIdentityAgen
 class EksCluster(Construct):
     """Cluster, managed add-ons, secrets encryption key, admin access and system nodes."""
 
-    def __init__(
-        self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network
-    ) -> None:
+    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network) -> None:
         super().__init__(scope, id)
         release = config.kubernetes_release
         layer_class = getattr(
@@ -48,9 +48,7 @@ class EksCluster(Construct):
             version=eks.KubernetesVersion.of(config.kubernetes_version),
             vpc=network.vpc,
             vpc_subnets=[private],
-            endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(
-                *config.endpoint_allowed_cidrs
-            ),
+            endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint_allowed_cidrs),
             cluster_logging=list(eks.ClusterLoggingTypes),
             secrets_encryption_key=self.secrets_key,
             # Managed node groups, not Auto Mode; the add-ons below are installed as managed ones.
@@ -64,11 +62,14 @@ class EksCluster(Construct):
                 kubectl_layer=kubectl_layer, private_subnets=network.vpc.private_subnets
             ),
         )
+        # The same cluster, typed as the interface other constructs take: jsii's generated
+        # ICluster protocol lists a member Cluster only provides at runtime, which mypy rejects.
+        self.handle = cast(eks.ICluster, self.cluster)
         for warning in config.warnings():
             Annotations.of(self).add_warning_v2("eks-pd-serving:config", warning)
 
         node_addons = [
-            eks.Addon(self, addon_id, cluster=self.cluster, addon_name=name)
+            eks.Addon(self, addon_id, cluster=self.handle, addon_name=name)
             for addon_id, name in _NODE_ADDONS.items()
         ]
         self.system_nodes = self.cluster.add_nodegroup_capacity(
@@ -85,7 +86,7 @@ class EksCluster(Construct):
             self.system_nodes.node.add_dependency(addon)
         self.node_addons = node_addons
         # CoreDNS needs a node to run on, or the add-on never becomes active.
-        core_dns = eks.Addon(self, "CoreDns", cluster=self.cluster, addon_name="coredns")
+        core_dns = eks.Addon(self, "CoreDns", cluster=self.handle, addon_name="coredns")
         core_dns.node.add_dependency(self.system_nodes)
 
         if config.admin_role_arn:

@@ -169,27 +169,35 @@ class DeploymentConfig(BaseModel):
         json_schema_extra=_hint("a number above 0 and at most 0.98"),
     )
     prefill_enforce_eager: bool = Field(
-        True, description="Disable CUDA graphs on prefill. Default: true.",
+        True,
+        description="Disable CUDA graphs on prefill. Default: true.",
         json_schema_extra=_hint("true or false"),
     )
     decode_enforce_eager: bool = Field(
-        True, description="Disable CUDA graphs on decode. Default: true.",
+        True,
+        description="Disable CUDA graphs on decode. Default: true.",
         json_schema_extra=_hint("true or false"),
     )
     prefill_replicas: int = Field(
-        1, ge=1, description="Prefill engine replicas. Default: 1.",
+        1,
+        ge=1,
+        description="Prefill engine replicas. Default: 1.",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     decode_replicas: int = Field(
-        1, ge=1, description="Decode engine replicas. Default: 1.",
+        1,
+        ge=1,
+        description="Decode engine replicas. Default: 1.",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     prefill_tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
-        1, description="GPUs per prefill replica. Default: 1.",
+        1,
+        description="GPUs per prefill replica. Default: 1.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
     )
     decode_tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
-        1, description="GPUs per decode replica. Default: 1.",
+        1,
+        description="GPUs per decode replica. Default: 1.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
     )
     kv_backend: str = Field(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
+
 from constructs import Construct
 
 from . import versions
@@ -34,7 +35,7 @@ _GPU_NODE_AFFINITY = {
 
 
 class GpuDevicePlugins(Construct):
-    def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster) -> None:
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
         self.nvidia = eks.HelmChart(
             self,

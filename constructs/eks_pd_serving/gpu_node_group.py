@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+
 from constructs import Construct
 
 from .config import DeploymentConfig

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
+
 from constructs import Construct
 
 from . import versions
@@ -15,7 +16,7 @@ NAMESPACE = "kuberay-system"
 
 
 class KubeRayOperator(Construct):
-    def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster) -> None:
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
         self.chart = eks.HelmChart(
             self,

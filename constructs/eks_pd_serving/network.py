@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import aws_ec2 as ec2
+
 from constructs import Construct
 
 from .config import DeploymentConfig

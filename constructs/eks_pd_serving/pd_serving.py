@@ -28,9 +28,9 @@ class PdServing(Construct):
         for addon in self.eks.node_addons:
             self.gpu_nodes.nodegroup.node.add_dependency(addon)
 
-        self.kuberay = KubeRayOperator(self, "KubeRay", cluster=cluster)
+        self.kuberay = KubeRayOperator(self, "KubeRay", cluster=self.eks.handle)
         self.kuberay.node.add_dependency(self.eks.system_nodes)
-        self.device_plugins = GpuDevicePlugins(self, "DevicePlugins", cluster=cluster)
+        self.device_plugins = GpuDevicePlugins(self, "DevicePlugins", cluster=self.eks.handle)
         self.device_plugins.node.add_dependency(self.gpu_nodes.nodegroup)
 
         self.ray_service = RayServiceManifest(

@@ -66,6 +66,4 @@ VLLM_VERSION_IN_IMAGE: Final = "0.26.0"
 
 def ray_image_uri(region: str) -> str:
     """The Ray LLM DLC image in ``region`` (a CloudFormation token is fine)."""
-    return (
-        f"{RAY_IMAGE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{RAY_IMAGE_REPOSITORY}:{RAY_IMAGE_TAG}"
-    )
+    return f"{RAY_IMAGE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{RAY_IMAGE_REPOSITORY}:{RAY_IMAGE_TAG}"

@@ -1,0 +1,49 @@
+"""Shared fixtures: one synthesized default stack per session (a synth costs seconds)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Template
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+
+from eks_pd_serving.config import DeploymentConfig
+
+from stacks.pd_serving_stack import PdServingStack
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def build_stack(**settings: Any) -> PdServingStack:
+    app = cdk.App()
+    return PdServingStack(app, "Test", config=DeploymentConfig.create(**settings))
+
+
+@pytest.fixture(scope="session")
+def default_stack() -> PdServingStack:
+    return build_stack()
+
+
+@pytest.fixture(scope="session")
+def template(default_stack: PdServingStack) -> Template:
+    return Template.from_stack(default_stack)
+
+
+@pytest.fixture(scope="session")
+def stack_factory() -> Callable[..., PdServingStack]:
+    return build_stack
+
+
+def logical_id(construct: Any) -> str:
+    """Logical id of a construct's CloudFormation resource (descending default children)."""
+    node = construct
+    while not isinstance(node, cdk.CfnElement):
+        node = node.node.default_child
+    return cdk.Stack.of(node).get_logical_id(node)

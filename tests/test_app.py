@@ -1,0 +1,95 @@
+"""The app as users run it: `cdk synth` offline, bad input as one line, deterministic output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from conftest import ROOT
+from eks_pd_serving.config import DeploymentConfig
+
+from stacks.pd_serving_stack import PdServingStack
+
+CDK = ROOT / "node_modules" / ".bin" / "cdk"
+ENV = {
+    **os.environ,
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    # No credentials: synth must not need them.
+    "AWS_ACCESS_KEY_ID": "",
+    "AWS_SECRET_ACCESS_KEY": "",
+    "AWS_PROFILE": "",
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+}
+
+
+def run_app(tmp_path: Path, context: dict[str, object]) -> subprocess.CompletedProcess[str]:
+    """app.py exactly as the CDK CLI runs it (context in CDK_CONTEXT_JSON, output in CDK_OUTDIR)."""
+    env = {**ENV, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(tmp_path / "out")}
+    (tmp_path / "out").mkdir()
+    return subprocess.run(
+        [sys.executable, "app.py"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+def test_bad_setting_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    result = run_app(tmp_path, {"gpu_instance_type": "g6.xlarge"})
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: gpu_instance_type='g6.xlarge': this instance type does not support EFA, which carries "
+        "the KV cache. Fix: set gpu_instance_type to a GPU type with EFA, such as g6.8xlarge"
+    ]
+    assert "Traceback" not in result.stdout + result.stderr
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_app_synthesizes_from_context_strings(tmp_path: Path) -> None:
+    result = run_app(tmp_path, {"gpu_node_count": "3", "decode_replicas": "2"})
+    assert result.returncode == 0, result.stderr
+    template = json.loads((tmp_path / "out" / "RayLlmPdServing.template.json").read_text())
+    node_groups = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
+    assert {ng["Properties"]["ScalingConfig"]["DesiredSize"] for ng in node_groups} == {1, 3}
+
+
+@pytest.mark.skipif(not CDK.exists(), reason="CDK CLI not installed (npm ci)")
+def test_cdk_cli_reports_a_bad_setting_and_fails(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [str(CDK), "synth", "--quiet", "-o", str(tmp_path / "cdk.out"), "-c", "kubernetes_version=1.30"],
+        cwd=ROOT,
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "error: kubernetes_version='1.30': EKS no longer creates 1.30 clusters" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def _template_text(**settings: object) -> str:
+    app = cdk.App()
+    PdServingStack(app, "Same", config=DeploymentConfig.create(**settings))
+    assembly = app.synth()
+    return Path(assembly.get_stack_artifact("Same").template_full_path).read_text()
+
+
+def test_two_synths_are_byte_identical() -> None:
+    assert _template_text() == _template_text()
+
+
+def test_region_given_pins_the_image_and_commands() -> None:
+    text = _template_text(region="eu-west-1")
+    assert "763104351884.dkr.ecr.eu-west-1.amazonaws.com/ray:serve-llm-cuda-v1.0" in text
+    assert "--region eu-west-1" in text

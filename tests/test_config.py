@@ -1,0 +1,177 @@
+"""The configuration model: defaults, context parsing, and one test per rejection rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from eks_pd_serving.config import ConfigError, DeploymentConfig
+
+
+def test_defaults_reproduce_the_reference_walkthrough() -> None:
+    config = DeploymentConfig()
+    assert (config.cluster_name, config.kubernetes_version) == ("ray-llm-multinode", "1.35")
+    assert (config.system_instance_type, config.system_node_count) == ("m7i.xlarge", 1)
+    assert (config.gpu_instance_type, config.gpu_node_count) == ("g6.8xlarge", 2)
+    assert (config.model_id, config.model_source, config.max_model_len) == (
+        "qwen3.5-9b",
+        "Qwen/Qwen3.5-9B",
+        4096,
+    )
+    assert config.kv_backend == "LIBFABRIC"
+    assert config.gpu_root_volume_gib == 200
+
+
+def test_context_strings_are_parsed_like_typed_values() -> None:
+    config = DeploymentConfig.from_context(
+        {
+            "gpu_node_count": "3",
+            "gpu_memory_utilization": "0.85",
+            "prefill_enforce_eager": "false",
+            "endpoint_allowed_cidrs": "203.0.113.0/24, 198.51.100.7/32",
+            "availability_zones": '["us-east-1a", "us-east-1b"]',
+            "gpu_availability_zone": "us-east-1b",
+            "admin_role_arn": "",
+            "kv_backend": "libfabric",
+            "@aws-cdk/core:someFlag": True,
+            "aws:cdk:enable-path-metadata": True,
+        }
+    )
+    assert config.gpu_node_count == 3
+    assert config.gpu_memory_utilization == 0.85
+    assert config.prefill_enforce_eager is False
+    assert config.endpoint_allowed_cidrs == ("203.0.113.0/24", "198.51.100.7/32")
+    assert config.availability_zones == ("us-east-1a", "us-east-1b")
+    assert config.admin_role_arn is None
+    assert config.kv_backend == "LIBFABRIC"
+
+
+def test_config_is_frozen() -> None:
+    config = DeploymentConfig()
+    with pytest.raises(Exception, match="frozen"):
+        config.gpu_node_count = 5  # type: ignore[misc]
+
+
+def test_open_endpoint_warns_and_a_narrow_one_does_not() -> None:
+    assert any("0.0.0.0/0" in w for w in DeploymentConfig().warnings())
+    narrow = DeploymentConfig.create(endpoint_allowed_cidrs="203.0.113.0/24")
+    assert narrow.warnings() == []
+
+
+REJECTED: list[tuple[str, dict[str, Any], str]] = [
+    ("wrong type", {"gpu_node_count": "two"}, r"^gpu_node_count='two': .*Fix: set gpu_node_count to"),
+    ("count too low", {"gpu_node_count": "0"}, r"^gpu_node_count='0': .*greater than or equal to 1"),
+    ("count too high", {"system_node_count": 11}, r"^system_node_count=11: .*Fix"),
+    (
+        "no GPU",
+        {"gpu_instance_type": "m7i.xlarge"},
+        r"gpu_instance_type='m7i.xlarge': this instance type has no GPU",
+    ),
+    ("no EFA", {"gpu_instance_type": "g6.xlarge"}, r"gpu_instance_type='g6.xlarge': .*does not support EFA"),
+    (
+        "unknown type",
+        {"gpu_instance_type": "g6.9xlarge"},
+        r"gpu_instance_type='g6.9xlarge': not in the instance catalog",
+    ),
+    ("small system", {"system_instance_type": "m7i.large"}, r"system_instance_type='m7i.large': .*no room"),
+    ("retired k8s", {"kubernetes_version": "1.30"}, r"kubernetes_version='1.30': EKS no longer creates"),
+    ("recently retired k8s", {"kubernetes_version": "1.31"}, r"extended support ended 2026-11-26"),
+    (
+        "unknown k8s",
+        {"kubernetes_version": "1.37"},
+        r"kubernetes_version='1.37': aws-cdk-lib 2.275.0 .* 1.32 to 1.36",
+    ),
+    ("eks name", {"cluster_name": "-bad name"}, r"cluster_name='-bad name': EKS rejects"),
+    ("namespace", {"namespace": "Inference"}, r"namespace='Inference': Kubernetes rejects"),
+    ("service name", {"ray_service_name": "1llm"}, r"ray_service_name='1llm': Kubernetes would reject"),
+    ("long service name", {"ray_service_name": "a" * 41}, r"ray_service_name="),
+    (
+        "cidr",
+        {"endpoint_allowed_cidrs": "10.0.0.1/8"},
+        r"endpoint_allowed_cidrs='10.0.0.1/8': .*not an IPv4 network",
+    ),
+    ("ipv6 cidr", {"endpoint_allowed_cidrs": "2001:db8::/32"}, r"is IPv6"),
+    ("bad AZ", {"gpu_availability_zone": "us-east-1"}, r"gpu_availability_zone='us-east-1': not an AZ name"),
+    (
+        "gpu AZ alone",
+        {"gpu_availability_zone": "us-east-1c"},
+        r"gpu_availability_zone='us-east-1c' needs availability_zones too",
+    ),
+    (
+        "gpu AZ outside VPC AZs",
+        {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1c"},
+        r"gpu_availability_zone='us-east-1c' is not one of availability_zones",
+    ),
+    (
+        "AZ outside region",
+        {"region": "eu-west-1", "availability_zones": "us-east-1a,us-east-1b"},
+        r"availability_zones='us-east-1a,us-east-1b' are not in region='eu-west-1'",
+    ),
+    (
+        "gpu AZ outside region",
+        {"region": "eu-west-1", "gpu_availability_zone": "us-east-1a"},
+        r"gpu_availability_zone='us-east-1a' is not in region='eu-west-1'",
+    ),
+    ("one AZ", {"availability_zones": "us-east-1a"}, r"at least two AZs"),
+    ("AZs of two regions", {"availability_zones": "us-east-1a,us-west-2a"}, r"more than one region"),
+    ("nat per AZ", {"nat_gateways": 3}, r"nat_gateways=3 exceeds the 2 AZs"),
+    ("region", {"region": "mars-1"}, r"region='mars-1': not a region name"),
+    ("role arn", {"admin_role_arn": "admin"}, r"admin_role_arn='admin': not an IAM role ARN"),
+    (
+        "kv backend",
+        {"kv_backend": "TCP"},
+        r"kv_backend='TCP': NIXL has no such network backend. Fix: .*LIBFABRIC, UCX",
+    ),
+    ("buffer device", {"kv_buffer_device": "disk"}, r"kv_buffer_device='disk'"),
+    ("dtype", {"dtype": "int4"}, r"dtype='int4'"),
+    ("memory fraction", {"gpu_memory_utilization": "1.5"}, r"gpu_memory_utilization='1.5'"),
+    ("tp value", {"prefill_tensor_parallel_size": 3}, r"prefill_tensor_parallel_size=3"),
+    (
+        "tp beyond node",
+        {"decode_tensor_parallel_size": 2},
+        r"decode_tensor_parallel_size=2 exceeds the 1 GPU",
+    ),
+    (
+        "too many GPUs",
+        {"decode_replicas": 2},
+        r"needs 3 GPUs, but gpu_node_count=2 x g6.8xlarge has 2. Fix: raise gpu_node_count to 3",
+    ),
+    (
+        "hybrid tp mismatch",
+        {"gpu_instance_type": "g6.12xlarge", "prefill_tensor_parallel_size": 2},
+        r"prefill_tensor_parallel_size=2 and decode_tensor_parallel_size=1 differ.*hybrid",
+    ),
+    (
+        "model max length",
+        {"max_model_len": 300000},
+        r"max_model_len=300000 exceeds Qwen/Qwen3.5-9B's own maximum",
+    ),
+    (
+        "spaces in model id",
+        {"model_id": "qwen 9b"},
+        r"model_id='qwen 9b': must be non-empty and without spaces",
+    ),
+]
+
+
+@pytest.mark.parametrize(("settings", "message"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED])
+def test_bad_setting_is_rejected_with_one_line(settings: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as caught:
+        DeploymentConfig.from_context(settings)
+    assert "\n" not in str(caught.value)
+
+
+def test_unknown_context_key_is_rejected_with_a_suggestion() -> None:
+    with pytest.raises(
+        ConfigError, match=r"unknown setting gpu_node_cont='3'. Fix: did you mean gpu_node_count\?"
+    ):
+        DeploymentConfig.from_context({"gpu_node_cont": "3"})
+
+
+def test_other_models_skip_the_hybrid_rule() -> None:
+    config = DeploymentConfig.create(
+        model_source="my-org/dense-model",
+        gpu_instance_type="g6.12xlarge",
+        prefill_tensor_parallel_size=2,
+    )
+    assert config.gpus_wanted == 3

@@ -1,0 +1,224 @@
+"""The cdk8s RayService: the fields that matter, one snapshot, and the KubeRay CRD schema."""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Callable
+from typing import Any
+
+import cdk8s
+import pytest
+import yaml
+from conftest import ROOT, SHARED
+from eks_pd_serving import versions
+from eks_pd_serving._private.serving_props import ray_service_props
+from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.k8s import RayServiceChart
+from kuberay_schema import load_crd_schema, schema_errors
+
+SNAPSHOT = ROOT / "tests" / "__snapshots__" / "ray_service.yaml"
+CRD_DIR = SHARED / "kuberay" / f"v{versions.KUBERAY_VERSION}"
+IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
+
+
+def render(**settings: Any) -> list[dict[str, Any]]:
+    config = DeploymentConfig.create(**settings)
+    chart = RayServiceChart(cdk8s.App(), "RayService", props=ray_service_props(config, IMAGE))
+    return list(cdk8s.Testing.synth(chart))
+
+
+def ray_service(**settings: Any) -> dict[str, Any]:
+    (service,) = [d for d in render(**settings) if d["kind"] == "RayService"]
+    return service
+
+
+def serve_args(service: dict[str, Any]) -> dict[str, Any]:
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    return app["args"]
+
+
+@pytest.fixture(scope="module")
+def default_service() -> dict[str, Any]:
+    return ray_service()
+
+
+def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
+    namespace, service = render()
+    assert namespace == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}}
+    assert service["apiVersion"] == "ray.io/v1"
+    assert service["metadata"] == {"name": "ray-llm", "namespace": "inference"}
+    renamed = ray_service(namespace="llm", ray_service_name="qwen")
+    assert renamed["metadata"] == {"name": "qwen", "namespace": "llm"}
+
+
+def test_serve_app_is_pd_openai_on_root(default_service: dict[str, Any]) -> None:
+    (app,) = yaml.safe_load(default_service["spec"]["serveConfigV2"])["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    assert app["route_prefix"] == "/"
+    assert set(app["args"]) == {"prefill_config", "decode_config"}
+
+
+@pytest.mark.parametrize(("phase", "role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")])
+def test_each_engine_moves_kv_with_nixl_over_libfabric(
+    default_service: dict[str, Any], phase: str, role: str
+) -> None:
+    config = serve_args(default_service)[f"{phase}_config"]
+    assert "kv_transfer_config" not in config  # Ray 2.5x rejects it beside engine_kwargs
+    assert config["model_loading_config"] == {"model_id": "qwen3.5-9b", "model_source": "Qwen/Qwen3.5-9B"}
+    assert config["deployment_config"] == {"num_replicas": 1}
+    engine = config["engine_kwargs"]
+    assert {k: engine[k] for k in ("max_model_len", "dtype", "gpu_memory_utilization", "enforce_eager")} == {
+        "max_model_len": 4096,
+        "dtype": "bfloat16",
+        "gpu_memory_utilization": 0.9,
+        "enforce_eager": True,
+    }
+    assert engine["tensor_parallel_size"] == 1
+    assert engine["kv_transfer_config"] == {
+        "kv_connector": "NixlConnector",
+        "kv_role": role,
+        "engine_id": phase,
+        "kv_buffer_device": "cuda",
+        "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
+    }
+
+
+def test_per_phase_settings_reach_their_engine() -> None:
+    args = serve_args(
+        ray_service(
+            gpu_instance_type="g6.12xlarge",
+            model_source="my-org/dense",
+            prefill_replicas=2,
+            decode_tensor_parallel_size=2,
+            decode_enforce_eager="false",
+            kv_buffer_device="cpu",
+            kv_backend="UCX",
+        )
+    )
+    prefill, decode = args["prefill_config"], args["decode_config"]
+    assert prefill["deployment_config"] == {"num_replicas": 2}
+    assert (
+        prefill["engine_kwargs"]["tensor_parallel_size"],
+        decode["engine_kwargs"]["tensor_parallel_size"],
+    ) == (1, 2)
+    assert (prefill["engine_kwargs"]["enforce_eager"], decode["engine_kwargs"]["enforce_eager"]) == (
+        True,
+        False,
+    )
+    for side in (prefill, decode):
+        kv = side["engine_kwargs"]["kv_transfer_config"]
+        assert (kv["kv_buffer_device"], kv["kv_connector_extra_config"]) == ("cpu", {"backends": ["UCX"]})
+
+
+def test_head_is_cpu_only_on_system_nodes(default_service: dict[str, Any]) -> None:
+    cluster = default_service["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == versions.RAY_VERSION
+    head = cluster["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    assert head["serviceType"] == "ClusterIP"
+    spec = head["template"]["spec"]
+    assert spec["nodeSelector"] == {"role": "system"}
+    (container,) = spec["containers"]
+    assert container["image"] == IMAGE
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+
+
+def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any]) -> None:
+    (group,) = default_service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (2, 2, 2)
+    spec = group["template"]["spec"]
+    assert spec["nodeSelector"] == {"role": "gpu-worker"}
+    (container,) = spec["containers"]
+    assert container["image"] == IMAGE
+    assert container["securityContext"] == {"privileged": True}
+    limits = container["resources"]["limits"]
+    assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (1, 1)
+    # g6.8xlarge: 32 vCPUs, 128 GiB; the pod leaves 4 vCPUs and a fifth of memory to the node,
+    # and its limit stays far above the 18 GiB checkpoint so the page cache can keep it.
+    assert (limits["cpu"], limits["memory"]) == ("28", "102Gi")
+    assert container["resources"]["requests"] == {"cpu": "28", "memory": "102Gi"}
+    env = {e["name"]: e for e in container["env"]}
+    assert env["FI_PROVIDER"]["value"] == "efa"
+    assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
+    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert spec["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}}]
+
+
+def test_dense_models_do_not_get_the_hybrid_layout() -> None:
+    (group,) = ray_service(model_source="my-org/dense")["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    names = {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
+    assert "VLLM_SSM_CONV_STATE_LAYOUT" not in names
+
+
+def test_nothing_asks_kubernetes_for_a_load_balancer() -> None:
+    assert "LoadBalancer" not in yaml.safe_dump(render())
+
+
+def test_snapshot_of_the_whole_manifest() -> None:
+    rendered = yaml.safe_dump_all(render(), sort_keys=True)
+    if os.environ.get("UPDATE_SNAPSHOTS") or not SNAPSHOT.exists():
+        SNAPSHOT.write_text(rendered)
+    assert rendered == SNAPSHOT.read_text(), "manifest changed: review, then UPDATE_SNAPSHOTS=1 make test"
+
+
+# --- KubeRay CRD schema -------------------------------------------------------------------
+needs_crd = pytest.mark.skipif(
+    not CRD_DIR.is_dir(),
+    reason=f"KubeRay CRDs not found at {CRD_DIR} (../shared is beside the checkout in CI)",
+)
+
+
+@pytest.fixture(scope="module")
+def crd_schema() -> dict[str, Any]:
+    return load_crd_schema(CRD_DIR / "ray.io_rayservices.yaml")
+
+
+@needs_crd
+def test_chart_and_crd_are_the_same_kuberay_release() -> None:
+    chart = yaml.safe_load((CRD_DIR / "Chart.yaml").read_text())
+    assert (chart["name"], chart["version"]) == ("kuberay-operator", versions.KUBERAY_VERSION)
+
+
+@needs_crd
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"gpu_instance_type": "g6.12xlarge", "model_source": "x/dense", "decode_tensor_parallel_size": 2}],
+    ids=["default", "multi-gpu"],
+)
+def test_ray_service_matches_the_kuberay_crd(crd_schema: dict[str, Any], settings: dict[str, Any]) -> None:
+    assert schema_errors(crd_schema, ray_service(**settings)) == []
+
+
+BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    (
+        "misspelt field",
+        lambda s: s["spec"]["rayClusterConfig"]["headGroupSpec"].update(rayStartParam={}),
+        "Additional properties are not allowed",
+    ),
+    (
+        "wrong type",
+        lambda s: s["spec"]["rayClusterConfig"]["workerGroupSpecs"][0].update(replicas="two"),
+        "'two' is not of type 'integer'",
+    ),
+    (
+        "missing required",
+        lambda s: s["spec"]["rayClusterConfig"]["headGroupSpec"].pop("template"),
+        "'template' is a required",
+    ),
+]
+
+
+@needs_crd
+@pytest.mark.parametrize(("_name", "breakage", "message"), BROKEN, ids=[b[0] for b in BROKEN])
+def test_schema_check_fails_on_a_broken_manifest(
+    crd_schema: dict[str, Any],
+    default_service: dict[str, Any],
+    _name: str,
+    breakage: Callable[[dict[str, Any]], None],
+    message: str,
+) -> None:
+    broken = copy.deepcopy(default_service)
+    breakage(broken)
+    assert any(message in e for e in schema_errors(crd_schema, broken))
