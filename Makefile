@@ -1,17 +1,20 @@
 # Two commands do everything on a fresh machine (Python 3.11, Node 20, no AWS credentials):
 #   make synth   virtualenv + pinned CDK CLI, then `cdk synth` into cdk.out/
-#   make test    every check: format, lint, types, tests (Ray config validation included)
+#   make test    every check: format, lint, types, tests (Ray config validation and the CPU
+#                rehearsal included)
+#   make rehearse  run the synthesized serve application on this CPU and probe it
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 VENV_RAY := .venv-ray
+VENV_REHEARSE := .venv-rehearse
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 # Node 20 is the Node this machine has; jsii prints a banner on every call without this.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: synth test check lint rayenv clean
+.PHONY: synth test lint rayenv rehearse clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +30,10 @@ $(VENV_RAY)/.deps: requirements-ray.txt
 	$(VENV_RAY)/bin/python -m pip install -q -r requirements-ray.txt
 	touch $@
 
+$(VENV_REHEARSE)/.deps: rehearsal/requirements.txt rehearsal/constraints.txt rehearsal/install.sh
+	PYTHON=$(PYTHON) rehearsal/install.sh $(VENV_REHEARSE)
+	touch $@
+
 node_modules/.deps: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
@@ -37,13 +44,18 @@ synth: $(VENV)/.synth-deps node_modules/.deps
 
 rayenv: $(VENV_RAY)/.deps
 
+rehearse: $(VENV_REHEARSE)/.deps synth
+	$(VENV_REHEARSE)/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
+
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
-	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools
+	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal
 
-test: $(VENV)/.test-deps $(VENV_RAY)/.deps node_modules/.deps lint
-	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python $(PY) -m pytest
+test: $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps lint
+	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python \
+	EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
+	$(PY) -m pytest --durations=10
 
 clean:
-	rm -rf cdk.out .pytest_cache .mypy_cache .ruff_cache
+	rm -rf cdk.out .rehearsal .pytest_cache .mypy_cache .ruff_cache

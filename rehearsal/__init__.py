@@ -1,0 +1,1 @@
+"""Local CPU rehearsal of the deployed serve application (see README, `make rehearse`)."""

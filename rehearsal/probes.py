@@ -1,0 +1,194 @@
+"""What a client sees, and what the engines' own counters say about the KV cache they moved."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+MAX_TOKENS = 16
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+# vLLM engine counters as Ray exports them (log_engine_metrics, on by default in Ray Serve LLM).
+EXTERNAL = ("ray_vllm_prompt_tokens_by_source_total", "external_kv_transfer")
+LOCAL = ("ray_vllm_prompt_tokens_by_source_total", "local_compute")
+NIXL_TRANSFERS = ("ray_vllm_nixl_xfer_time_seconds_count", None)
+NIXL_BYTES = ("ray_vllm_nixl_bytes_transferred_sum", None)
+COUNTERS = {
+    "external_kv_tokens": EXTERNAL,
+    "local_tokens": LOCAL,
+    "nixl_transfers": NIXL_TRANSFERS,
+    "nixl_bytes": NIXL_BYTES,
+}
+
+
+class ProbeFailed(RuntimeError):
+    """A probe did not get what an OpenAI client expects."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    model_id: str
+    metrics_url: str
+
+
+def _check(condition: bool, message: str) -> None:
+    if not condition:
+        raise ProbeFailed(message)
+
+
+def engine_counters(metrics_url: str) -> dict[str, float]:
+    """The KV counters summed over every engine replica, from Ray's Prometheus endpoint."""
+    totals = dict.fromkeys(COUNTERS, 0.0)
+    for line in httpx.get(metrics_url, timeout=30).text.splitlines():
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        source = dict(_LABEL.findall(match["labels"] or "")).get("source")
+        for key, (name, wanted_source) in COUNTERS.items():
+            if match["name"] == name and wanted_source in (None, source):
+                totals[key] += float(match["value"])
+    return totals
+
+
+def settled_counters(metrics_url: str, quiet_s: float = 1.0, limit_s: float = 30.0) -> dict[str, float]:
+    """Counters once no engine has exported a change for ``quiet_s`` (several export intervals,
+    so every engine process flushed at least once since the last change)."""
+    deadline = time.monotonic() + limit_s
+    last = engine_counters(metrics_url)
+    quiet_since = time.monotonic()
+    while time.monotonic() - quiet_since < quiet_s and time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = engine_counters(metrics_url)
+        if now != last:
+            last, quiet_since = now, time.monotonic()
+    return last
+
+
+class CounterTracker:
+    """Attributes the engines' counter movement to one request at a time: requests go one by
+    one, and the counters are read settled between them."""
+
+    def __init__(self, metrics_url: str) -> None:
+        self.metrics_url = metrics_url
+        self.last = settled_counters(metrics_url)
+
+    def measured(self, send: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        before = self.last
+        result = send()
+        self.last = settled_counters(self.metrics_url)
+        result["engine"] = {k: self.last[k] - before[k] for k in before}
+        return result
+
+
+def _chat_body(endpoint: Endpoint, prompt: str, stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": endpoint.model_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": stream,
+    }
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def chat(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[str, Any]:
+    resp = client.post("/v1/chat/completions", json=_chat_body(endpoint, prompt))
+    _check(resp.status_code == 200, f"chat: HTTP {resp.status_code} {resp.text[:200]}")
+    body = resp.json()
+    return {
+        "kind": "chat",
+        "prompt": prompt,
+        "text": body["choices"][0]["message"]["content"],
+        "prompt_tokens": body["usage"]["prompt_tokens"],
+    }
+
+
+def completion(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[str, Any]:
+    body = {"model": endpoint.model_id, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
+    resp = client.post("/v1/completions", json=body)
+    _check(resp.status_code == 200, f"completions: HTTP {resp.status_code} {resp.text[:200]}")
+    out = resp.json()
+    return {
+        "kind": "completion",
+        "prompt": prompt,
+        "text": out["choices"][0]["text"],
+        "prompt_tokens": out["usage"]["prompt_tokens"],
+    }
+
+
+def stream_chat(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[str, Any]:
+    """One streaming chat completion (SSE): text, time to first token, tokens per second."""
+    started = time.monotonic()
+    first = last = None
+    pieces: list[str] = []
+    usage: dict[str, Any] = {}
+    done = False
+    with client.stream(
+        "POST", "/v1/chat/completions", json=_chat_body(endpoint, prompt, stream=True)
+    ) as resp:
+        _check(resp.status_code == 200, f"streaming chat: HTTP {resp.status_code}")
+        _check(resp.headers["content-type"].startswith("text/event-stream"), "streaming chat: not SSE")
+        for line in resp.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                done = True
+                break
+            chunk = json.loads(data)
+            usage = chunk.get("usage") or usage
+            delta = chunk["choices"][0]["delta"].get("content") if chunk["choices"] else None
+            if delta:
+                last = time.monotonic()
+                first = first or last
+                pieces.append(delta)
+    _check(done, "streaming chat: no [DONE]")
+    _check(first is not None and last is not None and bool(usage), "streaming chat: no content or usage")
+    assert first is not None and last is not None
+    tokens = int(usage["completion_tokens"])
+    return {
+        "kind": "stream",
+        "prompt": prompt,
+        "text": "".join(pieces),
+        "prompt_tokens": usage["prompt_tokens"],
+        "ttft_s": first - started,
+        "completion_tokens": tokens,
+        "tokens_per_s": (tokens - 1) / (last - first) if tokens > 1 and last > first else None,
+    }
+
+
+def run_probes(endpoint: Endpoint, prompts: list[str]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
+        models = client.get("/v1/models")
+        _check(models.status_code == 200, f"/v1/models: HTTP {models.status_code}")
+        ids = [m["id"] for m in models.json()["data"]]
+        _check(endpoint.model_id in ids, f"/v1/models lists {ids}, not {endpoint.model_id}")
+        result["models"] = ids
+
+        tracker = CounterTracker(endpoint.metrics_url)
+        result["requests"] = [
+            tracker.measured(lambda p=probe, q=prompt: p(client, endpoint, q))  # type: ignore[misc]
+            for probe in (chat, stream_chat, completion)
+            for prompt in prompts
+        ]
+
+        bad = client.post("/v1/chat/completions", json={"model": endpoint.model_id, "messages": "not a list"})
+        _check(400 <= bad.status_code < 500, f"malformed request: HTTP {bad.status_code}, expected 4xx")
+        _check(isinstance(bad.json(), dict), "malformed request: no JSON error body")
+        unknown = client.post(
+            "/v1/chat/completions", json={**_chat_body(endpoint, "hi"), "model": "no-such-model"}
+        )
+        _check(400 <= unknown.status_code < 500, f"unknown model: HTTP {unknown.status_code}, expected 4xx")
+        _check(client.get("/v1/models").status_code == 200, "server down after bad requests")
+        result["errors"] = {"malformed": bad.status_code, "unknown_model": unknown.status_code}
+    return result

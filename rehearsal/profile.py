@@ -1,0 +1,103 @@
+"""From the synthesized RayService to the serve config the rehearsal runs.
+
+The deployed config is read out of the CloudFormation template `cdk synth` wrote, not rebuilt,
+so the rehearsal runs what `cdk deploy` would apply. The local profile below is the only change,
+and every change is printed as a diff.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
+LOCAL_MAX_MODEL_LEN = 512
+# Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
+LOCAL_KV_BACKEND = "UCX"
+LOCAL_KV_BUFFER_DEVICE = "cpu"
+# Worker env that only makes sense on an EFA pod; VLLM_HOST_IP becomes loopback.
+_POD_ONLY_ENV = {"FI_PROVIDER"}
+
+
+def _resolve(value: Any, region: str) -> str:
+    """Flatten the Fn::Join CloudFormation puts around a manifest holding the region token."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and "Fn::Join" in value:  # {"Fn::Join": [separator, [parts]]}
+        separator, parts = value["Fn::Join"]
+        return str(separator).join(_resolve(part, region) for part in parts)
+    if value == {"Ref": "AWS::Region"}:
+        return region
+    raise ValueError(f"cannot resolve {json.dumps(value)[:80]} in a manifest")
+
+
+def ray_service_from_template(template_file: Path, region: str = "us-east-1") -> dict[str, Any]:
+    template = json.loads(template_file.read_text())
+    for resource in template["Resources"].values():
+        if resource["Type"] != MANIFEST_TYPE:
+            continue
+        for document in json.loads(_resolve(resource["Properties"]["Manifest"], region)):
+            if document.get("kind") == "RayService":
+                return dict(document)
+    raise ValueError(f"no RayService manifest in {template_file}")
+
+
+def serve_config(ray_service: dict[str, Any]) -> dict[str, Any]:
+    return dict(yaml.safe_load(ray_service["spec"]["serveConfigV2"]))
+
+
+def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
+    """The Ray worker container's literal env, minus what only an EFA pod needs."""
+    (group, *_) = ray_service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+    env = {k: v for k, v in env.items() if k not in _POD_ONLY_ENV}
+    env["VLLM_HOST_IP"] = "127.0.0.1"
+    return env
+
+
+def local_profile(deployed: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
+    """The deployed serve config with the documented local substitutions, nothing else."""
+    local = copy.deepcopy(deployed)
+    for app in local["applications"]:
+        for side in ("prefill_config", "decode_config"):
+            llm = app["args"][side]
+            llm["model_loading_config"]["model_source"] = str(checkpoint)
+            llm["deployment_config"]["num_replicas"] = 1
+            # Replicas ask for CPU instead of the default GPU bundle.
+            llm["placement_group_config"] = {"bundles": [{"CPU": 1}]}
+            engine = llm["engine_kwargs"]
+            engine["max_model_len"] = LOCAL_MAX_MODEL_LEN
+            engine["tensor_parallel_size"] = 1
+            kv = engine["kv_transfer_config"]
+            kv["kv_buffer_device"] = LOCAL_KV_BUFFER_DEVICE
+            kv["kv_connector_extra_config"]["backends"] = [LOCAL_KV_BACKEND]
+    return local
+
+
+def colocated_control(rehearsed: dict[str, Any]) -> dict[str, Any]:
+    """One engine, no KV connector: the baseline outputs and the negative control."""
+    (app,) = rehearsed["applications"]
+    llm = copy.deepcopy(app["args"]["decode_config"])
+    llm["engine_kwargs"].pop("kv_transfer_config")
+    return {
+        "applications": [
+            {
+                "name": "colocated",
+                "import_path": "ray.serve.llm:build_openai_app",
+                "route_prefix": "/",
+                "args": {"llm_configs": [llm]},
+            }
+        ]
+    }
+
+
+def diff(deployed: dict[str, Any], rehearsed: dict[str, Any]) -> str:
+    before = yaml.safe_dump(deployed, sort_keys=False).splitlines(keepends=True)
+    after = yaml.safe_dump(rehearsed, sort_keys=False).splitlines(keepends=True)
+    return "".join(difflib.unified_diff(before, after, "deployed (cdk.out)", "rehearsed (local CPU)"))

@@ -1,0 +1,220 @@
+"""Run the deployed serve application on this machine's CPU and probe it as a client would.
+
+    .venv-rehearse/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
+
+Starts Ray and Serve on loopback, deploys the rehearsed config (see rehearsal/profile.py), waits
+for it to be healthy (bounded), probes the OpenAI endpoint, reads the decode engine's
+KV-transfer counters, then repeats the same prompts on one colocated engine with no connector
+(the baseline for outputs and the negative control for the counters). Everything it started is
+stopped on success, failure and Ctrl-C. Exit 0 only when every check passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from . import profile, tiny_checkpoint, verdict
+from .probes import Endpoint, ProbeFailed, run_probes
+
+MARKER = "EKS_PD_REHEARSAL_RUN"
+PROMPTS = [
+    "The quick brown fox",
+    "Prefill computes the prompt",
+    "NIXL moves KV blocks between engines over UCX",
+    "Ray Serve exposes an endpoint",
+]
+LOCAL_ENV = {
+    # Each engine gets 1 GiB of KV cache in host memory; two share 2 cores without pinning.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+}
+# Ray exports metrics every 10 s by default; every 250 ms lets each request's counters be read
+# before the next request is sent.
+RAY_SETTINGS = {"RAY_metrics_report_interval_ms": "250"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+@contextlib.contextmanager
+def local_ray(env: dict[str, str], metrics_port: int) -> Iterator[str]:
+    """Ray on loopback; on exit every process it started (engines included) is gone."""
+    import ray
+
+    run_id = uuid.uuid4().hex
+    os.environ[MARKER] = run_id  # inherited by raylet, workers and the engines they spawn
+    os.environ.update(env)
+    os.environ.update(RAY_SETTINGS)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in previous:
+        signal.signal(sig, interrupted)
+    try:
+        ray.init(
+            address="local",
+            num_cpus=8,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _metrics_export_port=metrics_port,
+            runtime_env={"env_vars": env},
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        yield run_id
+    finally:
+        with contextlib.suppress(Exception):
+            from ray import serve
+
+            serve.shutdown()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        stopped = kill_marked(run_id)
+        if stopped:
+            log(f"teardown: stopped {stopped} leftover process(es)")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def kill_marked(run_id: str) -> int:
+    """Kill every process of this run that outlived ray.shutdown (orphaned engine cores)."""
+    import psutil
+
+    me = os.getpid()
+    victims = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != me and proc.environ().get(MARKER) == run_id:
+                victims.append(proc)
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
+
+
+def deploy(serve_config: dict[str, Any], http_port: int, timeout_s: float) -> float:
+    """Build each application exactly as Serve would from its import path; wait until RUNNING."""
+    from ray import serve
+    from ray._common.utils import import_attr
+
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    started = time.monotonic()
+    for app in serve_config["applications"]:
+        builder = import_attr(app["import_path"])
+        application = builder(app["args"])
+        serve.run(application, name=app["name"], route_prefix=app["route_prefix"], blocking=False)
+    while True:
+        status = serve.status().applications
+        states = {name: s.status for name, s in status.items()}
+        if states and all(s == "RUNNING" for s in states.values()):
+            return time.monotonic() - started
+        failed = {name: s.message for name, s in status.items() if s.status == "DEPLOY_FAILED"}
+        if failed:
+            raise ProbeFailed(f"deploy failed: {failed}")
+        if time.monotonic() - started > timeout_s:
+            raise ProbeFailed(f"not healthy after {timeout_s:.0f} s: {states}")
+        time.sleep(0.5)
+
+
+def undeploy(serve_config: dict[str, Any]) -> None:
+    from ray import serve
+
+    for app in serve_config["applications"]:
+        serve.delete(app["name"])
+
+
+def rehearse_both(
+    rehearsed: dict[str, Any], env: dict[str, str], timeout_s: float, model_id: str, started: float
+) -> dict[str, Any]:
+    """The PD application, then one colocated engine with no connector, in one Ray session."""
+    http_port, metrics_port = free_port(), free_port()
+    endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
+    report: dict[str, Any] = {}
+    with local_ray(env, metrics_port):
+        for name, config in (("pd", rehearsed), ("colocated", profile.colocated_control(rehearsed))):
+            log(f"== {name}: deploying")
+            ready_s = deploy(config, http_port, timeout_s)
+            since_start = time.monotonic() - started
+            log(f"== {name}: healthy after {ready_s:.1f} s ({since_start:.1f} s since start)")
+            report[name] = run_probes(endpoint, PROMPTS)
+            report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
+            undeploy(config)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
+    parser.add_argument("--checkpoint", type=Path, default=Path(".rehearsal/tiny-checkpoint"))
+    parser.add_argument("--report", type=Path, default=Path(".rehearsal/report.json"))
+    parser.add_argument("--timeout-s", type=float, default=240.0)
+    parser.add_argument(
+        "--serve-config", type=Path, help="run this serve config YAML instead (to show a broken one fail)"
+    )
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    for noisy in ("httpx", "ray", "ray.serve", "vllm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+    ray_service = profile.ray_service_from_template(args.template)
+    deployed = profile.serve_config(ray_service)
+    checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
+    rehearsed = profile.local_profile(deployed, checkpoint)
+    if args.serve_config:
+        import yaml
+
+        rehearsed = yaml.safe_load(args.serve_config.read_text())
+    log("== deployed vs rehearsed serve config")
+    log(profile.diff(deployed, rehearsed) or "(identical)")
+    env = {**profile.worker_env(ray_service), **LOCAL_ENV}
+    log(f"== worker env: {json.dumps(env, sort_keys=True)}")
+    (app,) = deployed["applications"]
+    model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
+
+    report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
+    try:
+        report.update(rehearse_both(rehearsed, env, args.timeout_s, model_id, started))
+    except KeyboardInterrupt:
+        log("interrupted: everything stopped")
+        return 130
+    except Exception as error:  # Ray's own rejection of a config is the message to show
+        log(f"REHEARSAL FAILED: {type(error).__name__}: {error}")
+        return 1
+    finally:
+        args.report.parent.mkdir(parents=True, exist_ok=True)
+        args.report.write_text(json.dumps(report, indent=2, default=str))
+
+    ok, lines = verdict.judge(report)
+    for line in lines:
+        log(line)
+    log(f"total {time.monotonic() - started:.1f} s; report in {args.report}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

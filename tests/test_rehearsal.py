@@ -1,0 +1,95 @@
+"""The rehearsal itself: the synthesized serve application on this CPU (Ray Serve 2.60, vLLM CPU
+0.32, NIXL over UCX), probed as a client would, and a broken config failing with Ray's message."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import aws_cdk as cdk
+import psutil
+import pytest
+import yaml
+from conftest import ROOT
+from eks_pd_serving.config import DeploymentConfig
+
+from rehearsal import profile
+from stacks.pd_serving_stack import PdServingStack
+
+PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))
+MARKER = "EKS_PD_REHEARSAL_RUN"
+
+pytestmark = [
+    pytest.mark.rehearsal,
+    pytest.mark.skipif(not PYTHON.exists(), reason=f"{PYTHON} missing: `make rehearse` installs it"),
+]
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cdk.out")
+    app = cdk.App(outdir=str(out))
+    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig())
+    app.synth()
+    return out / "RayLlmPdServing.template.json"
+
+
+def rehearse(tmp_path: Path, template: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            str(PYTHON), "-m", "rehearsal.run",
+            "--template", str(template),
+            "--checkpoint", str(tmp_path.parent / "tiny-checkpoint"),
+            "--report", str(tmp_path / "report.json"),
+            *extra,
+        ],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+    )  # fmt: skip
+
+
+def leftovers() -> list[int]:
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if MARKER in proc.environ():
+                found.append(proc.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(
+    tmp_path: Path, template_file: Path
+) -> None:
+    result = rehearse(tmp_path, template_file)
+    print(result.stdout[-6000:])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "PASS: every request's KV came from prefill over NIXL" in result.stdout
+    assert "+            - UCX" in result.stdout or "+        - UCX" in result.stdout  # the diff was shown
+    report = json.loads((tmp_path / "report.json").read_text())
+    requests = report["pd"]["requests"]
+    assert [r["kind"] for r in requests].count("stream") == 4
+    for request in requests:
+        assert request["engine"]["external_kv_tokens"] == request["prompt_tokens"] - 1
+        assert request["engine"]["nixl_transfers"] >= 1
+    for control in report["colocated"]["requests"]:
+        assert control["engine"]["external_kv_tokens"] == 0 and control["engine"]["nixl_transfers"] == 0
+    assert [r["text"] for r in requests] == [r["text"] for r in report["colocated"]["requests"]]
+    assert report["pd"]["errors"] == {"malformed": 400, "unknown_model": 404}
+    assert leftovers() == [], "processes of the rehearsal outlived it"
+
+
+def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, template_file: Path) -> None:
+    deployed = profile.serve_config(profile.ray_service_from_template(template_file))
+    broken = profile.local_profile(deployed, tmp_path.parent / "tiny-checkpoint")
+    prefill = broken["applications"][0]["args"]["prefill_config"]
+    prefill["kv_transfer_config"] = prefill["engine_kwargs"].pop("kv_transfer_config")
+    config = tmp_path / "broken.yaml"
+    config.write_text(yaml.safe_dump(broken))
+    result = rehearse(tmp_path, template_file, "--serve-config", str(config))
+    assert result.returncode == 1
+    assert "REHEARSAL FAILED: ValidationError" in result.stdout
+    assert "kv_transfer_config" in result.stdout and "Extra inputs are not permitted" in result.stdout
+    assert leftovers() == []

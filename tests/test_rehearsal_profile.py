@@ -1,0 +1,126 @@
+"""The rehearsal's config path: it reads the synthesized RayService, changes only the documented
+local profile, and its verdict fails when the KV evidence is missing."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from eks_pd_serving.config import DeploymentConfig
+
+from rehearsal import profile, verdict
+from stacks.pd_serving_stack import PdServingStack
+
+
+@pytest.fixture(scope="module")
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cdk.out")
+    app = cdk.App(outdir=str(out))
+    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig())
+    app.synth()
+    return out / "RayLlmPdServing.template.json"
+
+
+def test_reads_the_ray_service_cdk_synth_wrote(template_file: Path) -> None:
+    service = profile.ray_service_from_template(template_file, region="eu-west-1")
+    assert (service["metadata"]["name"], service["metadata"]["namespace"]) == ("ray-llm", "inference")
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["image"] == "763104351884.dkr.ecr.eu-west-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
+    (app,) = profile.serve_config(service)["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+
+
+def _leaves(tree: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{path}/{key}").items()}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return {k: v for i, sub in enumerate(tree) for k, v in _leaves(sub, f"{path}/{i}").items()}
+    return {path: tree}
+
+
+def test_local_profile_changes_only_what_is_documented(template_file: Path) -> None:
+    deployed = profile.serve_config(profile.ray_service_from_template(template_file))
+    rehearsed = profile.local_profile(deployed, Path("/ckpt"))
+    before, after = _leaves(deployed), _leaves(rehearsed)
+    changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+    assert changed == {
+        f"{side}/{key}"
+        for side in ("prefill_config", "decode_config")
+        for key in (
+            "model_loading_config/model_source",
+            "placement_group_config/bundles/0/CPU",
+            "engine_kwargs/max_model_len",
+            "engine_kwargs/kv_transfer_config/kv_buffer_device",
+            "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
+        )
+    }
+    assert set(before) <= set(after)  # nothing removed: model id, roles, connector all kept
+    assert "+    model_source: /ckpt" in profile.diff(deployed, rehearsed)
+
+
+def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_file: Path) -> None:
+    env = profile.worker_env(profile.ray_service_from_template(template_file))
+    assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1"}
+
+
+def test_colocated_control_has_no_connector(template_file: Path) -> None:
+    rehearsed = profile.local_profile(
+        profile.serve_config(profile.ray_service_from_template(template_file)), Path("/ckpt")
+    )
+    (app,) = profile.colocated_control(rehearsed)["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    (llm,) = app["args"]["llm_configs"]
+    assert "kv_transfer_config" not in llm["engine_kwargs"]
+
+
+def _request(kind: str, external: float, transfers: float, text: str = "x") -> dict[str, Any]:
+    return {
+        "kind": kind,
+        "prompt": "p",
+        "text": text,
+        "prompt_tokens": 10,
+        "engine": {
+            "external_kv_tokens": external,
+            "local_tokens": 1,
+            "nixl_transfers": transfers,
+            "nixl_bytes": 100 * transfers,
+        },
+    }
+
+
+def _report(pd: list[dict[str, Any]], colocated: list[dict[str, Any]]) -> dict[str, Any]:
+    run = {"ready_s": 1.0, "ready_from_start_s": 2.0, "errors": {"malformed": 400, "unknown_model": 404}}
+    return {"pd": {**run, "requests": pd}, "colocated": {**run, "requests": colocated}}
+
+
+def test_verdict_passes_when_every_request_moved_its_kv() -> None:
+    ok, lines = verdict.judge(_report([_request("chat", 9, 1)], [_request("chat", 0, 0)]))
+    assert ok and lines[-1].startswith("PASS")
+
+
+@pytest.mark.parametrize(
+    ("pd", "colocated", "message"),
+    [
+        ([_request("chat", 0, 0)], [_request("chat", 0, 0)], "no evidence decode loaded the KV"),
+        ([_request("chat", 5, 1)], [_request("chat", 0, 0)], "no evidence decode loaded the KV"),
+        ([_request("chat", 9, 1, "a")], [_request("chat", 0, 0, "b")], "PD output 'a' != colocated 'b'"),
+        ([_request("chat", 9, 1)], [_request("chat", 9, 1)], "negative control moved KV"),
+    ],
+    ids=["no transfer", "partial transfer", "different output", "control not clean"],
+)
+def test_verdict_fails_without_evidence(
+    pd: list[dict[str, Any]], colocated: list[dict[str, Any]], message: str
+) -> None:
+    ok, lines = verdict.judge(_report(pd, colocated))
+    assert not ok
+    assert any(message in line for line in lines if line.startswith("FAIL"))
+
+
+def test_verdict_copies_nothing_it_did_not_judge() -> None:
+    report = _report([_request("chat", 9, 1)], [_request("chat", 0, 0)])
+    snapshot = copy.deepcopy(report)
+    verdict.judge(report)
+    assert report == snapshot
