@@ -58,7 +58,7 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
         )
     }
     assert set(before) <= set(after)  # nothing removed: model id, roles, connector all kept
-    assert "+    model_source: /ckpt" in profile.diff(deployed, rehearsed)
+    assert "+        model_source: /ckpt" in profile.diff(deployed, rehearsed)
 
 
 def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_file: Path) -> None:
