@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 
 import aws_cdk as cdk
-from eks_pd_serving.config import ConfigError, DeploymentConfig
 
+from eks_pd_serving.config import ConfigError, DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
 STACK_NAME = "RayLlmPdServing"

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import cdk8s
-
 from constructs import Construct
 
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml

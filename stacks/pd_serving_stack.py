@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from aws_cdk import Aws, CfnOutput, Stack
+from constructs import Construct
+
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s.ray_service import SERVE_PORT
 from eks_pd_serving.pd_serving import PdServing
-
-from constructs import Construct
 
 
 class PdServingStack(Stack):

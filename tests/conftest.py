@@ -14,7 +14,6 @@ from aws_cdk.assertions import Template
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from eks_pd_serving.config import DeploymentConfig
-
 from stacks.pd_serving_stack import PdServingStack
 
 ROOT = Path(__file__).resolve().parents[1]

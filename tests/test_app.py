@@ -11,8 +11,8 @@ from pathlib import Path
 import aws_cdk as cdk
 import pytest
 from conftest import ROOT
-from eks_pd_serving.config import DeploymentConfig
 
+from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
 CDK = ROOT / "node_modules" / ".bin" / "cdk"

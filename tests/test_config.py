@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
 

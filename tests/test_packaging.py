@@ -8,6 +8,7 @@ import sys
 
 import pytest
 from conftest import ROOT
+
 from eks_pd_serving import versions
 
 

@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT
-from eks_pd_serving import versions
 from test_ray_service_chart import ray_service
+
+from eks_pd_serving import versions
 
 RAY_PYTHON = Path(os.environ.get("EKS_PD_RAY_PYTHON", ROOT / ".venv-ray" / "bin" / "python"))
 TOOL = ROOT / "tools" / "validate_serve_config.py"

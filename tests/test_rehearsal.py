@@ -13,8 +13,8 @@ import psutil
 import pytest
 import yaml
 from conftest import ROOT
-from eks_pd_serving.config import DeploymentConfig
 
+from eks_pd_serving.config import DeploymentConfig
 from rehearsal import profile
 from stacks.pd_serving_stack import PdServingStack
 

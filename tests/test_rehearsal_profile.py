@@ -9,8 +9,8 @@ from typing import Any
 
 import aws_cdk as cdk
 import pytest
-from eks_pd_serving.config import DeploymentConfig
 
+from eks_pd_serving.config import DeploymentConfig
 from rehearsal import profile, verdict
 from stacks.pd_serving_stack import PdServingStack
 

@@ -10,9 +10,9 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
-
 from constructs import Construct
 
+from ._private import nag
 from .config import DeploymentConfig
 from .network import Network
 
@@ -65,6 +65,11 @@ class EksCluster(Construct):
         # The same cluster, typed as the interface other constructs take: jsii's generated
         # ICluster protocol lists a member Cluster only provides at runtime, which mypy rejects.
         self.handle = cast(eks.ICluster, self.cluster)
+        nag.acknowledge(self.cluster.role, nag.CLUSTER_ROLE)
+        if self.cluster.kubectl_provider is not None:
+            nag.acknowledge(
+                self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider)
+            )
         for warning in config.warnings():
             Annotations.of(self).add_warning_v2("eks-pd-serving:config", warning)
 
@@ -82,6 +87,7 @@ class EksCluster(Construct):
             labels=SYSTEM_NODE_LABELS,
             subnets=private,
         )
+        nag.acknowledge(self.system_nodes.role, nag.NODE_ROLE)
         for addon in node_addons:
             self.system_nodes.node.add_dependency(addon)
         self.node_addons = node_addons

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
-
 from constructs import Construct
 
+from ._private import nag
 from .config import DeploymentConfig
 from .network import Network
 
@@ -94,3 +94,4 @@ class EfaGpuNodeGroup(Construct):
             labels=GPU_NODE_LABELS,
             subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
         )
+        nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
-
 from constructs import Construct
 
 from . import versions

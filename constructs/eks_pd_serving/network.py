@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
-
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from .config import DeploymentConfig
@@ -32,7 +35,27 @@ class Network(Construct):
                 ),
             ],
         )
-        self.vpc.add_flow_log("FlowLog", traffic_type=ec2.FlowLogTrafficType.ALL)
+        self.flow_log_key = kms.Key(
+            self,
+            "FlowLogKey",
+            description="Encryption of the VPC flow log group",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(30),
+        )
+        self.flow_log_key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com"))
+        self.flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogGroup",
+            encryption_key=self.flow_log_key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        self.vpc.add_flow_log(
+            "FlowLog",
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+        )
         # EFA does not cross AZs: the whole GPU group lives in one subnet. Without a named AZ
         # the first private subnet is chosen, which is stable across synths.
         self.gpu_subnet = self._gpu_subnet(config.gpu_availability_zone)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import cdk8s
 from aws_cdk import Aws
 from aws_cdk import aws_eks_v2 as eks
-
 from constructs import Construct
 
 from . import versions
