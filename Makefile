@@ -8,6 +8,7 @@ PYTHON ?= python3.11
 VENV := .venv
 VENV_RAY := .venv-ray
 VENV_REHEARSE := .venv-rehearse
+VENV_CHECKOV := .venv-checkov
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 # Node 20 is the Node this machine has; jsii prints a banner on every call without this.
@@ -28,6 +29,11 @@ $(VENV)/.test-deps: $(VENV)/.synth-deps requirements-dev.txt
 $(VENV_RAY)/.deps: requirements-ray.txt
 	test -x $(VENV_RAY)/bin/python || $(PYTHON) -m venv $(VENV_RAY)
 	$(VENV_RAY)/bin/python -m pip install -q -r requirements-ray.txt
+	touch $@
+
+$(VENV_CHECKOV)/.deps: requirements-checkov.txt
+	test -x $(VENV_CHECKOV)/bin/python || $(PYTHON) -m venv $(VENV_CHECKOV)
+	$(VENV_CHECKOV)/bin/python -m pip install -q -r requirements-checkov.txt
 	touch $@
 
 $(VENV_REHEARSE)/.deps: rehearsal/requirements.txt rehearsal/constraints.txt rehearsal/install.sh
@@ -52,8 +58,9 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check .
 	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal
 
-test: $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps lint
+test: $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps lint
 	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python \
+	EKS_PD_CHECKOV=$(abspath $(VENV_CHECKOV))/bin/checkov \
 	EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
 	$(PY) -m pytest --durations=10
 

@@ -40,6 +40,25 @@ def stack_factory() -> Callable[..., PdServingStack]:
     return build_stack
 
 
+def synth_assembly(outdir: Path, nag: bool = True, **settings: Any) -> Path:
+    """Synthesize the app as `cdk synth` would, with cdk-nag's AwsSolutions pack when ``nag``;
+    returns the template file. A finding raises (cdk-nag 3 interrupts synthesis)."""
+    from cdk_nag import AwsSolutionsChecks
+
+    app = cdk.App(outdir=str(outdir))
+    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig.create(**settings))
+    if nag:
+        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks())
+    app.synth()
+    return outdir / "RayLlmPdServing.template.json"
+
+
+@pytest.fixture(scope="session")
+def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The default app's template, synthesized with cdk-nag on (so it also passed cdk-nag)."""
+    return synth_assembly(tmp_path_factory.mktemp("cdk.out"))
+
+
 def logical_id(construct: Any) -> str:
     """Logical id of a construct's CloudFormation resource (descending default children)."""
     node = construct

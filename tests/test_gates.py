@@ -1,0 +1,120 @@
+"""The checks platform teams already trust: cdk-nag, cfn-lint and checkov, each shown to fail
+on a broken input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_iam as iam
+from cdk_nag import AwsSolutionsChecks
+
+from conftest import ROOT
+from eks_pd_serving.config import DeploymentConfig
+from stacks.pd_serving_stack import PdServingStack
+
+CFN_LINT = [str(Path(sys.executable).parent / "cfn-lint")]
+CHECKOV = Path(os.environ.get("EKS_PD_CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov"))
+# cfn-lint warnings accepted, with the reason (README, Security).
+ACCEPTED_WARNINGS = {
+    # aws-cdk-lib adds DependsOn entries that a Ref or GetAtt already implies (VPC subnets of the
+    # cluster, provider Lambda roles); redundant, harmless, and not ours to remove.
+    "W3005",
+}
+
+
+# --- cdk-nag ------------------------------------------------------------------------------
+def test_cdk_nag_has_no_unacknowledged_findings(template_file: Path) -> None:
+    report = json.loads((template_file.parent / "validation-report.json").read_text())
+    (plugin,) = report["pluginReports"]
+    assert (plugin["pluginName"], plugin["conclusion"], plugin["violations"]) == ("AwsSolutions", "success", [])
+
+
+def test_cdk_nag_fails_synth_on_an_unacknowledged_finding(tmp_path: Path) -> None:
+    app = cdk.App(outdir=str(tmp_path))
+    stack = PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig())
+    iam.Role(
+        stack,
+        "Careless",
+        assumed_by=iam.ServicePrincipal("ec2.amazonaws.com"),
+        managed_policies=[iam.ManagedPolicy.from_aws_managed_policy_name("AdministratorAccess")],
+    )
+    cdk.Validations.of(app).add_plugins(AwsSolutionsChecks())
+    with pytest.raises(Exception, match="ValidationFailed"):
+        app.synth()
+    report = json.loads((tmp_path / "validation-report.json").read_text())
+    rules = {v["ruleName"] for v in report["pluginReports"][0]["violations"]}
+    assert rules == {"AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/AdministratorAccess]"}
+
+
+# --- cfn-lint -----------------------------------------------------------------------------
+def cfn_lint(template: Path) -> list[dict[str, Any]]:
+    out = subprocess.run([*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False)
+    # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
+    assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
+    return list(json.loads(out.stdout))
+
+
+def test_cfn_lint_finds_no_errors_and_only_accepted_warnings(template_file: Path) -> None:
+    findings = cfn_lint(template_file)
+    assert [f for f in findings if f["Level"] == "Error"] == []
+    assert {f["Rule"]["Id"] for f in findings} <= ACCEPTED_WARNINGS
+
+
+def test_cfn_lint_catches_a_broken_template(template_file: Path, tmp_path: Path) -> None:
+    template = json.loads(template_file.read_text())
+    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
+    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
+    broken = tmp_path / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    assert any(f["Level"] == "Error" for f in cfn_lint(broken))
+
+
+# --- checkov ------------------------------------------------------------------------------
+needs_checkov = pytest.mark.skipif(not CHECKOV.exists(), reason=f"{CHECKOV} missing: make test installs it")
+
+
+def checkov(template: Path, config: bool = True) -> dict[str, Any]:
+    args = [str(CHECKOV), "-f", str(template), "--framework", "cloudformation", "-o", "json", "--quiet"]
+    if config:
+        args += ["--config-file", str(ROOT / ".checkov.yaml")]
+    # Run outside the repository, or checkov picks up .checkov.yaml by itself.
+    out = subprocess.run(args, capture_output=True, text=True, check=False, cwd=template.parent)
+    result = json.loads(out.stdout)
+    return dict(result[0] if isinstance(result, list) else result)
+
+
+@needs_checkov
+def test_checkov_passes_with_the_reviewed_skips(template_file: Path) -> None:
+    result = checkov(template_file)
+    failed = [(c["check_id"], c["resource"]) for c in result["results"]["failed_checks"]]
+    assert failed == []
+    assert result["summary"]["passed"] >= 90
+    print(f"checkov: {result['summary']['passed']} passed, {result['summary']['skipped']} skipped")
+
+
+@needs_checkov
+def test_checkov_skips_apply_only_to_the_kubectl_provider_lambdas(template_file: Path) -> None:
+    result = checkov(template_file, config=False)
+    skipped = {"CKV_AWS_116", "CKV_AWS_115", "CKV_AWS_173"}
+    hit = {c["resource"] for c in result["results"]["failed_checks"] if c["check_id"] in skipped}
+    assert hit and all(r.startswith("AWS::Lambda::Function.PdServingClusterKubectlProvider") for r in hit)
+    others = {c["check_id"] for c in result["results"]["failed_checks"]} - skipped
+    assert others == set()
+
+
+@needs_checkov
+def test_checkov_catches_an_unencrypted_log_group(template_file: Path, tmp_path: Path) -> None:
+    template = json.loads(template_file.read_text())
+    (group,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Logs::LogGroup"]
+    del group["Properties"]["KmsKeyId"]
+    broken = tmp_path / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    failed = {c["check_id"] for c in checkov(broken)["results"]["failed_checks"]}
+    assert "CKV_AWS_158" in failed

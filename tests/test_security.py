@@ -1,0 +1,249 @@
+"""Secure defaults, limits, deploy/destroy order and stable ids, asserted on what synth writes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Template
+
+from conftest import logical_id
+from eks_pd_serving.config import DeploymentConfig
+from stacks.pd_serving_stack import PdServingStack
+
+MANIFEST = "Custom::AWSCDK-EKS-KubernetesResource"
+HELM = "Custom::AWSCDK-EKS-HelmChart"
+
+
+def resources(template: Template, type_: str) -> dict[str, Any]:
+    return dict(template.find_resources(type_))
+
+
+def manifests(template_file: Path) -> list[dict[str, Any]]:
+    """Every Kubernetes object embedded in the template, region token flattened."""
+    from rehearsal.profile import _resolve
+
+    template = json.loads(template_file.read_text())
+    objects = []
+    for resource in template["Resources"].values():
+        if resource["Type"] == MANIFEST:
+            objects += json.loads(_resolve(resource["Properties"]["Manifest"], "us-east-1"))
+    return objects
+
+
+# --- secure defaults ---------------------------------------------------------------------
+def test_nodes_are_in_private_subnets_without_public_ips(template: Template) -> None:
+    subnets = resources(template, "AWS::EC2::Subnet")
+    for node_group in resources(template, "AWS::EKS::Nodegroup").values():
+        for ref in node_group["Properties"]["Subnets"]:
+            assert subnets[ref["Ref"]]["Properties"]["MapPublicIpOnLaunch"] is False
+    for lt in resources(template, "AWS::EC2::LaunchTemplate").values():
+        for interface in lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]:
+            assert interface.get("AssociatePublicIpAddress") in (None, False)
+
+
+def test_imdsv2_is_required_with_a_hop_limit_pods_can_use(template: Template) -> None:
+    (lt,) = resources(template, "AWS::EC2::LaunchTemplate").values()
+    options = lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]
+    assert options["HttpTokens"] == "required" and options["HttpPutResponseHopLimit"] == 2
+
+
+def test_ebs_volumes_are_encrypted(template: Template) -> None:
+    for lt in resources(template, "AWS::EC2::LaunchTemplate").values():
+        for disk in lt["Properties"]["LaunchTemplateData"]["BlockDeviceMappings"]:
+            assert disk["Ebs"]["Encrypted"] is True
+
+
+def test_secrets_are_envelope_encrypted_and_all_control_plane_logs_on(template: Template) -> None:
+    (cluster,) = resources(template, "AWS::EKS::Cluster").values()
+    props = cluster["Properties"]
+    assert props["EncryptionConfig"][0]["Resources"] == ["secrets"]
+    assert len(props["Logging"]["ClusterLogging"]["EnabledTypes"]) == 5
+
+
+def test_vpc_flow_logs_go_to_a_kms_encrypted_log_group(template: Template) -> None:
+    (flow_log,) = resources(template, "AWS::EC2::FlowLog").values()
+    (group_id, group), *_ = resources(template, "AWS::Logs::LogGroup").items()
+    assert flow_log["Properties"]["LogGroupName"] == {"Ref": group_id}
+    assert "KmsKeyId" in group["Properties"]
+
+
+def test_every_kms_key_rotates(template: Template) -> None:
+    keys = resources(template, "AWS::KMS::Key").values()
+    assert len(keys) == 2 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
+
+
+def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
+    objects = manifests(template_file)
+    assert {o["kind"] for o in objects} == {"Namespace", "RayService"}
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]
+    # KubeRay's head and serve services stay ClusterIP: dashboard (8265) and serve (8000) are
+    # reachable only inside the cluster (kubectl port-forward from outside).
+    assert head["serviceType"] == "ClusterIP"
+    assert "serveService" not in service["spec"]
+    assert "LoadBalancer" not in json.dumps(objects) and "NodePort" not in json.dumps(objects)
+
+
+def test_helm_values_open_nothing_to_the_outside(template: Template) -> None:
+    for chart in resources(template, HELM).values():
+        values = chart["Properties"].get("Values", "")
+        assert "LoadBalancer" not in values and "ingress" not in values.lower()
+
+
+def test_node_roles_hold_only_the_eks_node_policies(template: Template) -> None:
+    template_json = template.to_json()
+    for node_group in resources(template, "AWS::EKS::Nodegroup").values():
+        role_id = node_group["Properties"]["NodeRole"]["Fn::GetAtt"][0]
+        role = template_json["Resources"][role_id]["Properties"]
+        names = {json.dumps(arn).split("policy/")[1].split('"')[0] for arn in role["ManagedPolicyArns"]}
+        assert names == {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"}
+        assert "Policies" not in role
+
+
+def test_no_policy_grants_everything(template: Template) -> None:
+    for policy in resources(template, "AWS::IAM::Policy").values():
+        for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
+            assert not (statement["Action"] == "*" and statement.get("Resource") == "*")
+    for role in resources(template, "AWS::IAM::Role").values():
+        assert "AdministratorAccess" not in json.dumps(role)
+
+
+def test_api_endpoint_allow_list_is_what_was_asked(stack_factory: Callable[..., PdServingStack]) -> None:
+    (cluster,) = resources(Template.from_stack(stack_factory(endpoint_allowed_cidrs="198.51.100.0/24")), "AWS::EKS::Cluster").values()
+    assert cluster["Properties"]["ResourcesVpcConfig"]["PublicAccessCidrs"] == ["198.51.100.0/24"]
+
+
+# --- limits -------------------------------------------------------------------------------
+def test_template_stays_far_from_cloudformation_limits(template_file: Path) -> None:
+    template = json.loads(template_file.read_text())
+    size = template_file.stat().st_size
+    print(f"template: {size} bytes, {len(template['Resources'])} resources")
+    assert size < 800_000
+    assert len(template["Resources"]) < 400
+
+
+def test_each_embedded_manifest_fits_the_kubectl_handler(template_file: Path) -> None:
+    # kubectl apply stores each object in the last-applied-configuration annotation (262,144
+    # bytes at most); keep every object well below it.
+    for obj in manifests(template_file):
+        assert len(json.dumps(obj)) < 128_000, obj["kind"]
+
+
+def test_no_crd_is_applied_outside_helm(template_file: Path) -> None:
+    assert "CustomResourceDefinition" not in {o["kind"] for o in manifests(template_file)}
+
+
+def test_helm_timeouts_stay_within_the_handler_lambda(template: Template) -> None:
+    for chart in resources(template, HELM).values():
+        assert chart["Properties"]["Timeout"] in ("600s", "900s")
+
+
+# --- deploy / destroy order ------------------------------------------------------------------
+def dependency_graph(template_json: dict[str, Any]) -> dict[str, set[str]]:
+    """resource -> resources it needs (DependsOn, Ref, GetAtt); CloudFormation creates the
+    needed ones first and deletes them last."""
+    names = set(template_json["Resources"])
+
+    def refs(node: Any) -> set[str]:
+        if isinstance(node, dict):
+            found = set()
+            if "Ref" in node and node["Ref"] in names:
+                found.add(node["Ref"])
+            if "Fn::GetAtt" in node and node["Fn::GetAtt"][0] in names:
+                found.add(node["Fn::GetAtt"][0])
+            for value in node.values():
+                found |= refs(value)
+            return found
+        if isinstance(node, list):
+            return set().union(*map(refs, node)) if node else set()
+        return set()
+
+    graph = {}
+    for name, resource in template_json["Resources"].items():
+        depends = resource.get("DependsOn", [])
+        graph[name] = refs(resource.get("Properties", {})) | set([depends] if isinstance(depends, str) else depends)
+    return graph
+
+
+def needs(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen: set[str] = set()
+    stack = [start]
+    while stack:
+        for dep in graph[stack.pop()] - seen:
+            seen.add(dep)
+            stack.append(dep)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def graph(template: Template) -> dict[str, set[str]]:
+    return dependency_graph(template.to_json())
+
+
+def test_ray_service_is_created_after_and_deleted_before_kuberay_and_the_system_nodes(
+    default_stack: PdServingStack, graph: dict[str, set[str]]
+) -> None:
+    serving = default_stack.serving
+    ray_service = needs(graph, logical_id(serving.ray_service.manifest))
+    assert logical_id(serving.kuberay.chart) in ray_service
+    assert logical_id(serving.eks.system_nodes) in needs(graph, logical_id(serving.kuberay.chart))
+    assert logical_id(serving.gpu_nodes.nodegroup) in ray_service
+
+
+def test_device_plugins_come_after_the_gpu_nodes(default_stack: PdServingStack, graph: dict[str, set[str]]) -> None:
+    serving = default_stack.serving
+    for chart in serving.device_plugins.charts:
+        assert logical_id(serving.gpu_nodes.nodegroup) in needs(graph, logical_id(chart))
+
+
+def test_node_groups_never_wait_on_kubernetes_objects(default_stack: PdServingStack, graph: dict[str, set[str]]) -> None:
+    serving = default_stack.serving
+    k8s = {logical_id(serving.ray_service.manifest), logical_id(serving.kuberay.chart)}
+    k8s |= {logical_id(c) for c in serving.device_plugins.charts}
+    for node_group in (serving.eks.system_nodes, serving.gpu_nodes.nodegroup):
+        assert not (needs(graph, logical_id(node_group)) & k8s)
+
+
+def test_the_dependency_check_would_catch_a_missing_edge(
+    default_stack: PdServingStack, graph: dict[str, set[str]]
+) -> None:
+    serving = default_stack.serving
+    broken = {k: set(v) for k, v in graph.items()}
+    broken[logical_id(serving.ray_service.manifest)].discard(logical_id(serving.kuberay.chart))
+    assert logical_id(serving.kuberay.chart) not in needs(broken, logical_id(serving.ray_service.manifest))
+
+
+# --- stable ids of stateful resources ----------------------------------------------------------
+# Changing one of these logical ids makes CloudFormation REPLACE a live resource: a new VPC,
+# a new cluster (all workloads lost), new node groups, a new KMS key (secrets unreadable).
+STATEFUL_IDS = {
+    "AWS::EC2::VPC": {"PdServingNetworkFCADE806"},
+    "AWS::EKS::Cluster": {"PdServingCluster8667F20E"},
+    "AWS::EKS::Nodegroup": {"PdServingClusterNodegroupSystemNodeGroup96DAEDDD", "PdServingClusterNodegroupGpuNodeGroup322EECD2"},
+    "AWS::KMS::Key": {"PdServingClusterSecretsKey424EDBC4", "PdServingNetworkFlowLogKey60984D8E"},
+    "AWS::EC2::PlacementGroup": {"PdServingGpuNodesPlacementGroupD08642E2"},
+}
+
+
+@pytest.mark.parametrize("type_", sorted(STATEFUL_IDS))
+def test_stateful_logical_ids_do_not_move(template: Template, type_: str) -> None:
+    found = set(resources(template, type_))
+    assert found == STATEFUL_IDS[type_], (
+        f"logical ids of {type_} changed from {sorted(STATEFUL_IDS[type_])} to {sorted(found)}: "
+        "on an existing deployment CloudFormation would replace the live resource. Revert the "
+        "construct id/path change, or update STATEFUL_IDS only for a deliberate replacement."
+    )
+
+
+def test_config_is_not_part_of_the_ids(stack_factory: Callable[..., PdServingStack]) -> None:
+    other = Template.from_stack(stack_factory(gpu_node_count=4, cluster_name="other", nat_gateways=2))
+    for type_, ids in STATEFUL_IDS.items():
+        assert set(resources(other, type_)) == ids
+
+
+def test_default_config_is_what_the_ids_were_taken_from() -> None:
+    assert DeploymentConfig().cluster_name == "ray-llm-multinode"
