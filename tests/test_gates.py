@@ -14,8 +14,8 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks
-
 from conftest import ROOT
+
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
@@ -33,7 +33,11 @@ ACCEPTED_WARNINGS = {
 def test_cdk_nag_has_no_unacknowledged_findings(template_file: Path) -> None:
     report = json.loads((template_file.parent / "validation-report.json").read_text())
     (plugin,) = report["pluginReports"]
-    assert (plugin["pluginName"], plugin["conclusion"], plugin["violations"]) == ("AwsSolutions", "success", [])
+    assert (plugin["pluginName"], plugin["conclusion"], plugin["violations"]) == (
+        "AwsSolutions",
+        "success",
+        [],
+    )
 
 
 def test_cdk_nag_fails_synth_on_an_unacknowledged_finding(tmp_path: Path) -> None:
@@ -55,7 +59,9 @@ def test_cdk_nag_fails_synth_on_an_unacknowledged_finding(tmp_path: Path) -> Non
 
 # --- cfn-lint -----------------------------------------------------------------------------
 def cfn_lint(template: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False
+    )
     # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
     assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
     return list(json.loads(out.stdout))

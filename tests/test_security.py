@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
-
 from conftest import logical_id
+
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
@@ -100,7 +100,11 @@ def test_node_roles_hold_only_the_eks_node_policies(template: Template) -> None:
         role_id = node_group["Properties"]["NodeRole"]["Fn::GetAtt"][0]
         role = template_json["Resources"][role_id]["Properties"]
         names = {json.dumps(arn).split("policy/")[1].split('"')[0] for arn in role["ManagedPolicyArns"]}
-        assert names == {"AmazonEKSWorkerNodePolicy", "AmazonEKS_CNI_Policy", "AmazonEC2ContainerRegistryReadOnly"}
+        assert names == {
+            "AmazonEKSWorkerNodePolicy",
+            "AmazonEKS_CNI_Policy",
+            "AmazonEC2ContainerRegistryReadOnly",
+        }
         assert "Policies" not in role
 
 
@@ -113,7 +117,9 @@ def test_no_policy_grants_everything(template: Template) -> None:
 
 
 def test_api_endpoint_allow_list_is_what_was_asked(stack_factory: Callable[..., PdServingStack]) -> None:
-    (cluster,) = resources(Template.from_stack(stack_factory(endpoint_allowed_cidrs="198.51.100.0/24")), "AWS::EKS::Cluster").values()
+    (cluster,) = resources(
+        Template.from_stack(stack_factory(endpoint_allowed_cidrs="198.51.100.0/24")), "AWS::EKS::Cluster"
+    ).values()
     assert cluster["Properties"]["ResourcesVpcConfig"]["PublicAccessCidrs"] == ["198.51.100.0/24"]
 
 
@@ -165,7 +171,9 @@ def dependency_graph(template_json: dict[str, Any]) -> dict[str, set[str]]:
     graph = {}
     for name, resource in template_json["Resources"].items():
         depends = resource.get("DependsOn", [])
-        graph[name] = refs(resource.get("Properties", {})) | set([depends] if isinstance(depends, str) else depends)
+        graph[name] = refs(resource.get("Properties", {})) | set(
+            [depends] if isinstance(depends, str) else depends
+        )
     return graph
 
 
@@ -194,13 +202,17 @@ def test_ray_service_is_created_after_and_deleted_before_kuberay_and_the_system_
     assert logical_id(serving.gpu_nodes.nodegroup) in ray_service
 
 
-def test_device_plugins_come_after_the_gpu_nodes(default_stack: PdServingStack, graph: dict[str, set[str]]) -> None:
+def test_device_plugins_come_after_the_gpu_nodes(
+    default_stack: PdServingStack, graph: dict[str, set[str]]
+) -> None:
     serving = default_stack.serving
     for chart in serving.device_plugins.charts:
         assert logical_id(serving.gpu_nodes.nodegroup) in needs(graph, logical_id(chart))
 
 
-def test_node_groups_never_wait_on_kubernetes_objects(default_stack: PdServingStack, graph: dict[str, set[str]]) -> None:
+def test_node_groups_never_wait_on_kubernetes_objects(
+    default_stack: PdServingStack, graph: dict[str, set[str]]
+) -> None:
     serving = default_stack.serving
     k8s = {logical_id(serving.ray_service.manifest), logical_id(serving.kuberay.chart)}
     k8s |= {logical_id(c) for c in serving.device_plugins.charts}
@@ -223,7 +235,10 @@ def test_the_dependency_check_would_catch_a_missing_edge(
 STATEFUL_IDS = {
     "AWS::EC2::VPC": {"PdServingNetworkFCADE806"},
     "AWS::EKS::Cluster": {"PdServingCluster8667F20E"},
-    "AWS::EKS::Nodegroup": {"PdServingClusterNodegroupSystemNodeGroup96DAEDDD", "PdServingClusterNodegroupGpuNodeGroup322EECD2"},
+    "AWS::EKS::Nodegroup": {
+        "PdServingClusterNodegroupSystemNodeGroup96DAEDDD",
+        "PdServingClusterNodegroupGpuNodeGroup322EECD2",
+    },
     "AWS::KMS::Key": {"PdServingClusterSecretsKey424EDBC4", "PdServingNetworkFlowLogKey60984D8E"},
     "AWS::EC2::PlacementGroup": {"PdServingGpuNodesPlacementGroupD08642E2"},
 }
