@@ -13,6 +13,21 @@ from stacks.pd_serving_stack import PdServingStack
 STACK_NAME = "RayLlmPdServing"
 
 
+def print_sizing(config: DeploymentConfig) -> None:
+    """The per-GPU memory and KV-transfer estimate of each phase (synth already enforced it)."""
+    summaries = {phase: config.sizing(phase) for phase in ("prefill", "decode")}
+    if summaries["prefill"] == summaries["decode"]:
+        summaries = {"prefill and decode": summaries["prefill"]}
+    for phases, sizing in summaries.items():
+        if sizing is not None:
+            print(
+                f"sizing ({phases}, {config.model_source} on {config.gpu_instance_type}, per GPU):",
+                file=sys.stderr,
+            )
+            for line in sizing.summary():
+                print(f"  {line}", file=sys.stderr)
+
+
 def main() -> None:
     app = cdk.App()
     context = app.node.get_all_context()
@@ -21,6 +36,7 @@ def main() -> None:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+    print_sizing(config)
     env = cdk.Environment(region=config.region) if config.region else None
     PdServingStack(app, STACK_NAME, config=config, env=env)
     app.synth()

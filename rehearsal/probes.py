@@ -132,9 +132,7 @@ def stream_chat(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[s
     pieces: list[str] = []
     usage: dict[str, Any] = {}
     done = False
-    with client.stream(
-        "POST", "/v1/chat/completions", json=_chat_body(endpoint, prompt, stream=True)
-    ) as resp:
+    with client.stream("POST", "/v1/chat/completions", json=_chat_body(endpoint, prompt, stream=True)) as resp:
         _check(resp.status_code == 200, f"streaming chat: HTTP {resp.status_code}")
         _check(resp.headers["content-type"].startswith("text/event-stream"), "streaming chat: not SSE")
         for line in resp.iter_lines():
@@ -185,9 +183,7 @@ def run_probes(endpoint: Endpoint, prompts: list[str]) -> dict[str, Any]:
         bad = client.post("/v1/chat/completions", json={"model": endpoint.model_id, "messages": "not a list"})
         _check(400 <= bad.status_code < 500, f"malformed request: HTTP {bad.status_code}, expected 4xx")
         _check(isinstance(bad.json(), dict), "malformed request: no JSON error body")
-        unknown = client.post(
-            "/v1/chat/completions", json={**_chat_body(endpoint, "hi"), "model": "no-such-model"}
-        )
+        unknown = client.post("/v1/chat/completions", json={**_chat_body(endpoint, "hi"), "model": "no-such-model"})
         _check(400 <= unknown.status_code < 500, f"unknown model: HTTP {unknown.status_code}, expected 4xx")
         _check(client.get("/v1/models").status_code == 200, "server down after bad requests")
         result["errors"] = {"malformed": bad.status_code, "unknown_model": unknown.status_code}

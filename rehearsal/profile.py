@@ -15,7 +15,8 @@ from typing import Any
 
 import yaml
 
-MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
+from eks_pd_serving.assembly import kubernetes_objects
+
 LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
 LOCAL_KV_BACKEND = "UCX"
@@ -24,26 +25,10 @@ LOCAL_KV_BUFFER_DEVICE = "cpu"
 _POD_ONLY_ENV = {"FI_PROVIDER"}
 
 
-def _resolve(value: Any, region: str) -> str:
-    """Flatten the Fn::Join CloudFormation puts around a manifest holding the region token."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and "Fn::Join" in value:  # {"Fn::Join": [separator, [parts]]}
-        separator, parts = value["Fn::Join"]
-        return str(separator).join(_resolve(part, region) for part in parts)
-    if value == {"Ref": "AWS::Region"}:
-        return region
-    raise ValueError(f"cannot resolve {json.dumps(value)[:80]} in a manifest")
-
-
 def ray_service_from_template(template_file: Path, region: str = "us-east-1") -> dict[str, Any]:
-    template = json.loads(template_file.read_text())
-    for resource in template["Resources"].values():
-        if resource["Type"] != MANIFEST_TYPE:
-            continue
-        for document in json.loads(_resolve(resource["Properties"]["Manifest"], region)):
-            if document.get("kind") == "RayService":
-                return dict(document)
+    for document in kubernetes_objects(json.loads(template_file.read_text()), region):
+        if document.get("kind") == "RayService":
+            return document
     raise ValueError(f"no RayService manifest in {template_file}")
 
 

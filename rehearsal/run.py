@@ -22,8 +22,11 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+
+from eks_pd_serving.endpoint_check import check_endpoint
 
 from . import profile, tiny_checkpoint, verdict
 from .probes import Endpoint, ProbeFailed, run_probes
@@ -161,14 +164,14 @@ def rehearse_both(
             log(f"== {name}: healthy after {ready_s:.1f} s ({since_start:.1f} s since start)")
             report[name] = run_probes(endpoint, PROMPTS)
             report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
+            # The HTTP half of `python -m eks_pd_serving verify`, against this endpoint.
+            report[name]["verify_endpoint"] = asdict(check_endpoint(endpoint.base_url, model_id))
             undeploy(config)
     return report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
     parser.add_argument("--checkpoint", type=Path, default=Path(".rehearsal/tiny-checkpoint"))
     parser.add_argument("--report", type=Path, default=Path(".rehearsal/report.json"))

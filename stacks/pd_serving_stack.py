@@ -28,8 +28,7 @@ class PdServingStack(Stack):
             self,
             "PortForwardCommand",
             value=(
-                f"kubectl -n {props.namespace} port-forward "
-                f"svc/{props.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
+                f"kubectl -n {props.namespace} port-forward svc/{props.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
             ),
         )
         CfnOutput(

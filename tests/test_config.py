@@ -163,9 +163,7 @@ def test_bad_setting_is_rejected_with_one_line(settings: dict[str, Any], message
 
 
 def test_unknown_context_key_is_rejected_with_a_suggestion() -> None:
-    with pytest.raises(
-        ConfigError, match=r"unknown setting gpu_node_cont='3'. Fix: did you mean gpu_node_count\?"
-    ):
+    with pytest.raises(ConfigError, match=r"unknown setting gpu_node_cont='3'. Fix: did you mean gpu_node_count\?"):
         DeploymentConfig.from_context({"gpu_node_cont": "3"})
 
 

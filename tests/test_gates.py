@@ -59,9 +59,7 @@ def test_cdk_nag_fails_synth_on_an_unacknowledged_finding(tmp_path: Path) -> Non
 
 # --- cfn-lint -----------------------------------------------------------------------------
 def cfn_lint(template: Path) -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False
-    )
+    out = subprocess.run([*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False)
     # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
     assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
     return list(json.loads(out.stdout))

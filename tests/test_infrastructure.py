@@ -46,16 +46,11 @@ def test_cluster_is_native_eks_with_version_logging_and_kms(template: Template) 
             "Logging": {
                 "ClusterLogging": {
                     "EnabledTypes": Match.array_equals(
-                        [
-                            {"Type": t}
-                            for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")
-                        ]
+                        [{"Type": t} for t in ("api", "audit", "authenticator", "controllerManager", "scheduler")]
                     )
                 }
             },
-            "EncryptionConfig": [
-                {"Provider": {"KeyArn": {"Fn::GetAtt": [key, "Arn"]}}, "Resources": ["secrets"]}
-            ],
+            "EncryptionConfig": [{"Provider": {"KeyArn": {"Fn::GetAtt": [key, "Arn"]}}, "Resources": ["secrets"]}],
             "ResourcesVpcConfig": Match.object_like(
                 {
                     "EndpointPublicAccess": True,
@@ -73,11 +68,7 @@ def test_endpoint_allow_list_is_honoured(stack_factory: Callable[..., PdServingS
     template = Template.from_stack(stack_factory(endpoint_allowed_cidrs="203.0.113.0/24,198.51.100.7/32"))
     template.has_resource_properties(
         "AWS::EKS::Cluster",
-        {
-            "ResourcesVpcConfig": Match.object_like(
-                {"PublicAccessCidrs": ["203.0.113.0/24", "198.51.100.7/32"]}
-            )
-        },
+        {"ResourcesVpcConfig": Match.object_like({"PublicAccessCidrs": ["203.0.113.0/24", "198.51.100.7/32"]})},
     )
 
 
@@ -156,9 +147,7 @@ def test_launch_template_has_one_efa_interface_imdsv2_and_encrypted_gp3(
     default_stack: PdServingStack, template: Template
 ) -> None:
     gpu = default_stack.serving.gpu_nodes
-    data = template.to_json()["Resources"][logical_id(gpu.launch_template)]["Properties"][
-        "LaunchTemplateData"
-    ]
+    data = template.to_json()["Resources"][logical_id(gpu.launch_template)]["Properties"]["LaunchTemplateData"]
     (interface,) = data["NetworkInterfaces"]
     assert interface["InterfaceType"] == "efa"
     assert (interface["DeviceIndex"], interface["NetworkCardIndex"]) == (0, 0)
@@ -229,9 +218,7 @@ def _depends_on(template: Template, resource_id: str) -> set[str]:
     return set(template.to_json()["Resources"][resource_id].get("DependsOn", []))
 
 
-def test_charts_depend_on_the_node_groups_they_run_on(
-    default_stack: PdServingStack, template: Template
-) -> None:
+def test_charts_depend_on_the_node_groups_they_run_on(default_stack: PdServingStack, template: Template) -> None:
     serving = default_stack.serving
     system_ng, gpu_ng = logical_id(serving.eks.system_nodes), logical_id(serving.gpu_nodes.nodegroup)
     assert system_ng in _depends_on(template, logical_id(serving.kuberay.chart))
@@ -239,9 +226,7 @@ def test_charts_depend_on_the_node_groups_they_run_on(
         assert gpu_ng in _depends_on(template, logical_id(chart))
 
 
-def test_ray_service_depends_on_kuberay_and_both_node_groups(
-    default_stack: PdServingStack, template: Template
-) -> None:
+def test_ray_service_depends_on_kuberay_and_both_node_groups(default_stack: PdServingStack, template: Template) -> None:
     serving = default_stack.serving
     needs = _depends_on(template, logical_id(serving.ray_service.manifest))
     assert {
@@ -273,11 +258,6 @@ def test_outputs_tell_the_user_what_to_run_next(template: Template) -> None:
             ["aws eks update-kubeconfig --name ray-llm-multinode --region ", {"Ref": "AWS::Region"}],
         ]
     }
-    assert (
-        outputs["PortForwardCommand"]["Value"]
-        == "kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000"
-    )
+    assert outputs["PortForwardCommand"]["Value"] == "kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000"
     assert '"model": "qwen3.5-9b"' in outputs["ChatCompletionsCurl"]["Value"]
-    assert outputs["ChatCompletionsCurl"]["Value"].startswith(
-        "curl -s http://localhost:8000/v1/chat/completions"
-    )
+    assert outputs["ChatCompletionsCurl"]["Value"].startswith("curl -s http://localhost:8000/v1/chat/completions")

@@ -103,10 +103,7 @@ def configurations(draw: st.DrawFn, plausible_percent: int = 50) -> dict[str, An
     }
     chosen = draw(st.fixed_dictionaries({}, optional=options))
     as_context = draw(st.booleans())
-    return {
-        k: (str(v) if as_context and v is not None and not isinstance(v, str) else v)
-        for k, v in chosen.items()
-    }
+    return {k: (str(v) if as_context and v is not None and not isinstance(v, str) else v) for k, v in chosen.items()}
 
 
 def outcome(context: dict[str, Any]) -> tuple[DeploymentConfig | None, str | None]:
@@ -170,9 +167,7 @@ def check_template(template_file: Path, config: DeploymentConfig) -> None:
     assert template_file.stat().st_size < 800_000 and len(template["Resources"]) < 400
     text = json.dumps(template)
     assert "LoadBalancer" not in text
-    node_groups = [
-        r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"
-    ]
+    node_groups = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
     assert sorted(ng["ScalingConfig"]["DesiredSize"] for ng in node_groups) == sorted(
         [config.system_node_count, config.gpu_node_count]
     )
@@ -204,7 +199,5 @@ def test_app_end_to_end_on_a_sample_of_generated_cases() -> None:
                 check_template(outdir / "RayLlmPdServing.template.json", config)
 
     check()
-    print(
-        f"\nend to end: {COUNTS['synth']} generated cases through app.py, {COUNTS['synth_valid']} synthesized"
-    )
+    print(f"\nend to end: {COUNTS['synth']} generated cases through app.py, {COUNTS['synth_valid']} synthesized")
     assert COUNTS["synth"] >= 20

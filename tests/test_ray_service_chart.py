@@ -61,9 +61,7 @@ def test_serve_app_is_pd_openai_on_root(default_service: dict[str, Any]) -> None
 
 
 @pytest.mark.parametrize(("phase", "role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")])
-def test_each_engine_moves_kv_with_nixl_over_libfabric(
-    default_service: dict[str, Any], phase: str, role: str
-) -> None:
+def test_each_engine_moves_kv_with_nixl_over_libfabric(default_service: dict[str, Any], phase: str, role: str) -> None:
     config = serve_args(default_service)[f"{phase}_config"]
     assert "kv_transfer_config" not in config  # Ray 2.5x rejects it beside engine_kwargs
     assert config["model_loading_config"] == {"model_id": "qwen3.5-9b", "model_source": "Qwen/Qwen3.5-9B"}

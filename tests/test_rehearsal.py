@@ -60,9 +60,7 @@ def leftovers() -> list[int]:
     return found
 
 
-def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(
-    tmp_path: Path, template_file: Path
-) -> None:
+def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(tmp_path: Path, template_file: Path) -> None:
     result = rehearse(tmp_path, template_file)
     print(result.stdout[-6000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -78,6 +76,9 @@ def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(
         assert control["engine"]["external_kv_tokens"] == 0 and control["engine"]["nixl_transfers"] == 0
     assert [r["text"] for r in requests] == [r["text"] for r in report["colocated"]["requests"]]
     assert report["pd"]["errors"] == {"malformed": 400, "unknown_model": 404}
+    # `verify`'s HTTP check ran against the rehearsal endpoint.
+    assert report["pd"]["verify_endpoint"]["models"] == ["qwen3.5-9b"]
+    assert 0 < report["pd"]["verify_endpoint"]["ttft_s"] < report["pd"]["verify_endpoint"]["total_s"]
     assert leftovers() == [], "processes of the rehearsal outlived it"
 
 

@@ -11,6 +11,7 @@ import pytest
 from aws_cdk.assertions import Template
 from conftest import logical_id
 
+from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
@@ -24,14 +25,7 @@ def resources(template: Template, type_: str) -> dict[str, Any]:
 
 def manifests(template_file: Path) -> list[dict[str, Any]]:
     """Every Kubernetes object embedded in the template, region token flattened."""
-    from rehearsal.profile import _resolve
-
-    template = json.loads(template_file.read_text())
-    objects = []
-    for resource in template["Resources"].values():
-        if resource["Type"] == MANIFEST:
-            objects += json.loads(_resolve(resource["Properties"]["Manifest"], "us-east-1"))
-    return objects
+    return kubernetes_objects(json.loads(template_file.read_text()))
 
 
 # --- secure defaults ---------------------------------------------------------------------
@@ -171,9 +165,7 @@ def dependency_graph(template_json: dict[str, Any]) -> dict[str, set[str]]:
     graph = {}
     for name, resource in template_json["Resources"].items():
         depends = resource.get("DependsOn", [])
-        graph[name] = refs(resource.get("Properties", {})) | set(
-            [depends] if isinstance(depends, str) else depends
-        )
+        graph[name] = refs(resource.get("Properties", {})) | set([depends] if isinstance(depends, str) else depends)
     return graph
 
 
@@ -202,9 +194,7 @@ def test_ray_service_is_created_after_and_deleted_before_kuberay_and_the_system_
     assert logical_id(serving.gpu_nodes.nodegroup) in ray_service
 
 
-def test_device_plugins_come_after_the_gpu_nodes(
-    default_stack: PdServingStack, graph: dict[str, set[str]]
-) -> None:
+def test_device_plugins_come_after_the_gpu_nodes(default_stack: PdServingStack, graph: dict[str, set[str]]) -> None:
     serving = default_stack.serving
     for chart in serving.device_plugins.charts:
         assert logical_id(serving.gpu_nodes.nodegroup) in needs(graph, logical_id(chart))

@@ -64,17 +64,49 @@ INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the deployment needs to know about a model without downloading it."""
+    """What sizing and validation need to know about a model without downloading it.
 
-    checkpoint_gib: float
-    max_model_len: int
-    # Hybrid models (linear-attention + full-attention layers) need the same tensor-parallel
-    # size on prefill and decode and VLLM_SSM_CONV_STATE_LAYOUT=DS for NIXL transfers.
-    hybrid: bool
+    Figures come from the model's ``config.json`` (text model). Linear-attention (Gated
+    DeltaNet) layers keep a fixed per-sequence state instead of per-token KV.
+    """
+
+    params: float  # parameters, as counted for the weights in memory
+    max_model_len: int  # max_position_embeddings
+    num_layers: int
+    full_attention_layers: int
+    num_kv_heads: int
+    head_dim: int
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+
+    @property
+    def linear_layers(self) -> int:
+        return self.num_layers - self.full_attention_layers
+
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid models need the same tensor-parallel size on prefill and decode and
+        VLLM_SSM_CONV_STATE_LAYOUT=DS for NIXL transfers."""
+        return self.linear_layers > 0
 
 
 # Keyed by Hugging Face model source.
 MODELS: Final[dict[str, ModelFacts]] = {
-    # 32 layers (24 Gated DeltaNet + 8 full attention), ~18 GB of bf16 weights.
-    "Qwen/Qwen3.5-9B": ModelFacts(checkpoint_gib=18.0, max_model_len=262144, hybrid=True),
+    # 32 layers: 24 Gated DeltaNet + 8 full attention (full_attention_interval 4); ~18 GB bf16.
+    "Qwen/Qwen3.5-9B": ModelFacts(
+        params=9.0e9,
+        max_model_len=262144,
+        num_layers=32,
+        full_attention_layers=8,
+        num_kv_heads=4,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+    ),
 }

@@ -27,9 +27,7 @@ class EksCluster(Construct):
     def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network) -> None:
         super().__init__(scope, id)
         release = config.kubernetes_release
-        layer_class = getattr(
-            importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class
-        )
+        layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
         kubectl_layer: lambda_.ILayerVersion = layer_class(self, "KubectlLayer")
 
         self.secrets_key = kms.Key(
@@ -67,15 +65,12 @@ class EksCluster(Construct):
         self.handle = cast(eks.ICluster, self.cluster)
         nag.acknowledge(self.cluster.role, nag.CLUSTER_ROLE)
         if self.cluster.kubectl_provider is not None:
-            nag.acknowledge(
-                self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider)
-            )
+            nag.acknowledge(self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider))
         for warning in config.warnings():
             Annotations.of(self).add_warning_v2("eks-pd-serving:config", warning)
 
         node_addons = [
-            eks.Addon(self, addon_id, cluster=self.handle, addon_name=name)
-            for addon_id, name in _NODE_ADDONS.items()
+            eks.Addon(self, addon_id, cluster=self.handle, addon_name=name) for addon_id, name in _NODE_ADDONS.items()
         ]
         self.system_nodes = self.cluster.add_nodegroup_capacity(
             "SystemNodeGroup",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from . import versions
 from .catalog import INSTANCE_TYPES, MODELS, InstanceFacts, ModelFacts
+from .sizing import Sizing, size
 
 
 class ConfigError(ValueError):
@@ -424,6 +425,17 @@ class DeploymentConfig(BaseModel):
                 f"max_model_len={self.max_model_len} exceeds {self.model_source}'s own maximum "
                 f"of {facts.max_model_len}. Fix: set max_model_len to at most {facts.max_model_len}"
             )
+        for phase in ("prefill", "decode"):
+            sizing = self.sizing(phase)
+            assert sizing is not None
+            for problem in sizing.problems():
+                raise ValueError(
+                    f"max_model_len={self.max_model_len} with dtype={self.dtype}, gpu_memory_utilization="
+                    f"{self.gpu_memory_utilization} and {phase}_tensor_parallel_size="
+                    f"{getattr(self, f'{phase}_tensor_parallel_size')} on gpu_instance_type="
+                    f"{self.gpu_instance_type}: {problem}. Fix: lower max_model_len, raise the "
+                    "tensor-parallel size, or choose a GPU with more memory"
+                )
 
     # --- derived facts -----------------------------------------------------------------------
     @property
@@ -437,6 +449,20 @@ class DeploymentConfig(BaseModel):
     @property
     def model_facts(self) -> ModelFacts | None:
         return MODELS.get(self.model_source)
+
+    def sizing(self, phase: str) -> Sizing | None:
+        """Per-GPU memory estimate of one engine of ``phase``; None for models not in the catalog."""
+        facts = self.model_facts
+        if facts is None:
+            return None
+        return size(
+            facts,
+            self.gpu_instance,
+            dtype=self.dtype,
+            tensor_parallel_size=getattr(self, f"{phase}_tensor_parallel_size"),
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+        )
 
     @property
     def gpus_wanted(self) -> int:

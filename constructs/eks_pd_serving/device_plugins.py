@@ -23,8 +23,7 @@ _GPU_NODE_AFFINITY = {
             "nodeSelectorTerms": [
                 {
                     "matchExpressions": [
-                        {"key": key, "operator": "In", "values": [value]}
-                        for key, value in GPU_NODE_LABELS.items()
+                        {"key": key, "operator": "In", "values": [value]} for key, value in GPU_NODE_LABELS.items()
                     ]
                 }
             ]

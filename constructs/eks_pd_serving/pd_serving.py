@@ -22,9 +22,7 @@ class PdServing(Construct):
         self.network = Network(self, "Network", config=config)
         self.eks = EksCluster(self, "Cluster", config=config, network=self.network)
         cluster = self.eks.cluster
-        self.gpu_nodes = EfaGpuNodeGroup(
-            self, "GpuNodes", config=config, network=self.network, cluster=cluster
-        )
+        self.gpu_nodes = EfaGpuNodeGroup(self, "GpuNodes", config=config, network=self.network, cluster=cluster)
         for addon in self.eks.node_addons:
             self.gpu_nodes.nodegroup.node.add_dependency(addon)
 

@@ -32,8 +32,7 @@ NODE_ROLE = {
         "managed policy for it (pod identity for aws-node is a possible later narrowing)."
     ),
     managed_policy("AmazonEC2ContainerRegistryReadOnly"): (
-        "Nodes pull the Ray LLM image from ECR (AWS DLC account 763104351884); read-only, "
-        "no write or delete actions."
+        "Nodes pull the Ray LLM image from ECR (AWS DLC account 763104351884); read-only, no write or delete actions."
     ),
 }
 

@@ -1,0 +1,297 @@
+"""`python -m eks_pd_serving`: preflight (moto + Stubber), sizing, cost, verify (the real
+kubernetes client against served API responses), k8s-diff."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+from urllib.parse import parse_qs, urlparse
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from conftest import ROOT, synth_assembly
+from moto import mock_aws
+
+from eks_pd_serving.cli import cost, k8s_diff, preflight, verify
+from eks_pd_serving.config import DeploymentConfig
+
+FIXTURES = ROOT / "tests" / "fixtures" / "verify"
+CLEAN_ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    "COLUMNS": "200",
+}
+
+
+def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "eks_pd_serving", *args],
+        cwd=cwd, env=env or CLEAN_ENV, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["preflight", "sizing", "cost", "verify", "k8s-diff"])
+def test_every_subcommand_has_help(command: str) -> None:
+    result = cli(command, "--help")
+    assert result.returncode == 0 and "usage: python -m eks_pd_serving " + command in result.stdout
+
+
+# --- sizing --------------------------------------------------------------------------------
+def test_sizing_prints_the_default_deployment() -> None:
+    result = cli("sizing")
+    assert result.returncode == 0
+    assert "capacity 77089 tokens; 15 concurrent sequences of 4096 tokens" in result.stdout
+    assert "51.4 ms over EFA at 25 Gbps vs 256.9 ms over one TCP flow at 5 Gbps" in result.stdout
+
+
+def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:
+    big = {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
+           "intermediate_size": 28672, "vocab_size": 128256, "max_position_embeddings": 131072}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(big))
+    result = cli("sizing", "--config-json", str(tmp_path / "config.json"))
+    assert result.returncode == 1
+    assert "does not fit: the weights need" in result.stdout
+
+
+def test_bad_setting_is_one_line_and_exit_2() -> None:
+    result = cli("sizing", "-c", "gpu_instance_type=g6.xlarge")
+    assert result.returncode == 2
+    assert (
+        result.stderr.strip().startswith("error: gpu_instance_type='g6.xlarge': ") and "Traceback" not in result.stderr
+    )
+
+
+# --- cost ----------------------------------------------------------------------------------
+def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
+    lines, label = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    hourly = sum(line.hourly for line in lines)
+    # EKS 0.10 + NAT 0.045 + m7i.xlarge 0.2016 + 2 x g6.8xlarge 2.0144
+    # + gp3 (20 + 2 x 200 GiB) x 0.08 / 720 h + 2 KMS keys x 1.00 / 720 h
+    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 420 * 0.08 / 720 + 2 / 720)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3185.89, abs=0.01)
+    assert "us-east-1" in label
+
+
+def test_cost_uses_the_extended_support_price_past_standard_support(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, kubernetes_version="1.33")
+    lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    (eks,) = [line for line in lines if line.item == "EKS control plane"]
+    assert (eks.unit_price, eks.note) == (0.60, "1.33, extended support")
+
+
+def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
+    _, label = cost.estimate(json.loads(template_file.read_text()), "eu-west-1", datetime.date(2026, 11, 29))
+    assert "no table for eu-west-1" in label
+
+
+def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
+    result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
+    assert result.returncode == 0
+    assert "total (estimate)" in result.stdout and "$3,185.89" in result.stdout
+
+
+# --- k8s-diff --------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def longer_context(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return synth_assembly(tmp_path_factory.mktemp("longer"), nag=False, max_model_len=8192, gpu_node_count=3).parent
+
+
+def test_k8s_diff_shows_fields_not_strings(template_file: Path, longer_context: Path) -> None:
+    result = cli("k8s-diff", str(template_file.parent), str(longer_context))
+    assert result.returncode == 1
+    out = result.stdout
+    assert (
+        "RayLlmPdServing/RayService/inference/ray-llm.spec.serveConfigV2.applications[pd-openai].args."
+        "decode_config.engine_kwargs.max_model_len: 4096 -> 8192"
+    ) in out
+    assert "rayClusterConfig.workerGroupSpecs[gpu-workers].replicas: 2 -> 3" in out
+    assert "4 change(s)" not in out or out.count("max_model_len") == 2
+
+
+def test_k8s_diff_is_quiet_and_exit_0_when_nothing_changed(template_file: Path) -> None:
+    result = cli("k8s-diff", str(template_file.parent), str(template_file.parent))
+    assert (result.returncode, result.stdout.strip()) == (0, "no change on the Kubernetes side")
+
+
+def test_k8s_diff_sees_helm_values() -> None:
+    old = {"stack/helm/kuberay-operator": {"version": "1.7.0", "values": {"nodeSelector": {"role": "system"}}}}
+    new = {"stack/helm/kuberay-operator": {"version": "1.7.1", "values": {"nodeSelector": {"role": "infra"}}}}
+    assert k8s_diff.diff(old, new) == [
+        ("stack/helm/kuberay-operator.version", "1.7.0", "1.7.1"),
+        ("stack/helm/kuberay-operator.values.nodeSelector.role", "system", "infra"),
+    ]
+
+
+# --- preflight -------------------------------------------------------------------------------
+def quotas_client(value: float) -> tuple[Any, Stubber]:
+    """moto does not know the G/VT quota; botocore's Stubber answers for service-quotas."""
+    client = boto3.client("service-quotas", region_name="us-east-1")
+    stub = Stubber(client)
+    stub.add_response(
+        "get_service_quota",
+        {"Quota": {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA", "Value": value}},
+        {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"},
+    )
+    stub.activate()
+    return client, stub
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield
+
+
+def bootstrap(region: str) -> None:
+    cfn = boto3.client("cloudformation", region_name=region)
+    cfn.create_stack(StackName="CDKToolkit", TemplateBody=json.dumps({"Resources": {"Q": {"Type": "AWS::SQS::Queue"}}}))
+
+
+def run_check(region: str, quota: float, **settings: Any) -> preflight.Result:
+    quotas, _ = quotas_client(quota)
+    return preflight.check(
+        boto3.client("ec2", region_name=region), quotas, boto3.client("cloudformation", region_name=region),
+        DeploymentConfig.create(**settings), region,
+    )  # fmt: skip
+
+
+def test_preflight_resolves_the_gpu_az_and_passes(aws: None, tmp_path: Path) -> None:
+    bootstrap("us-east-1")
+    result = run_check("us-east-1", quota=64)
+    assert result.ok
+    assert (result.gpu_az, result.availability_zones) == ("us-east-1a", ["us-east-1a", "us-east-1b"])
+    assert ("G/VT vCPU quota", True, "64 available, 64 needed (2 x 32 vCPUs).") in result.checks
+    path = preflight.write_context(tmp_path, result)
+    context = json.loads(path.read_text())
+    assert DeploymentConfig.from_context(context).gpu_availability_zone == "us-east-1a"
+
+
+def test_preflight_fails_on_a_low_quota_with_the_fix(aws: None) -> None:
+    bootstrap("us-east-1")
+    result = run_check("us-east-1", quota=32)
+    assert not result.ok
+    (quota,) = [c for c in result.checks if c[0] == "G/VT vCPU quota"]
+    assert quota[1] is False and "Fix: request 64 vCPUs for quota L-DB2E81BA" in quota[2]
+
+
+def test_preflight_fails_without_the_bootstrap_stack(aws: None) -> None:
+    result = run_check("us-east-1", quota=64)
+    (check,) = [c for c in result.checks if c[0] == "CDK bootstrap"]
+    assert check[1] is False and "cdk bootstrap aws://<account>/us-east-1" in check[2]
+
+
+def test_preflight_in_a_region_without_the_gpu_type(aws: None) -> None:
+    with pytest.raises(preflight.PreflightFailed, match=r"g6.8xlarge is not offered in any AZ of af-south-1"):
+        run_check("af-south-1", quota=64)
+
+
+def test_preflight_rejects_a_gpu_az_that_lacks_the_type(aws: None) -> None:
+    with pytest.raises(
+        preflight.PreflightFailed, match=r"gpu_availability_zone='us-east-1e' does not offer g6.8xlarge"
+    ):
+        run_check("us-east-1", 64, availability_zones="us-east-1e,us-east-1a", gpu_availability_zone="us-east-1e")
+
+
+def test_preflight_without_credentials_is_one_line(tmp_path: Path) -> None:
+    result = cli("preflight", "--region", "us-east-1", "--project", str(ROOT))
+    assert result.returncode == 1
+    assert "preflight failed: Unable to locate credentials. Fix: run `aws configure`" in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
+
+
+# --- verify ------------------------------------------------------------------------------------
+class Replay(BaseHTTPRequestHandler):
+    """Serves the recorded-shape responses to the real kubernetes client."""
+
+    routes: ClassVar[dict[tuple[str, str], tuple[str, str]]] = {}
+
+    def do_GET(self) -> None:
+        url = urlparse(self.path)
+        selector = parse_qs(url.query).get("labelSelector", [""])[0]
+        body, kind = self.routes.get((url.path, selector), ("", ""))
+        self.send_response(200 if body else 404)
+        self.send_header("Content-Type", kind or "application/json")
+        self.end_headers()
+        self.wfile.write(body.encode())
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def api(request: pytest.FixtureRequest) -> Iterator[Any]:
+    from kubernetes import client
+
+    logs = getattr(request, "param", {"q8w2n": "worker-libfabric.log", "z4m9t": "worker-libfabric.log"})
+    base = "/api/v1/namespaces/inference/pods"
+    Replay.routes = {
+        ("/api/v1/nodes", "role=gpu-worker"): ((FIXTURES / "nodes-gpu.json").read_text(), ""),
+        ("/api/v1/nodes", "role=system"): ((FIXTURES / "nodes-system.json").read_text(), ""),
+        (base, ""): ((FIXTURES / "pods.json").read_text(), ""),
+    }
+    for suffix, log in logs.items():
+        path = f"{base}/ray-llm-x7k2p-gpu-workers-worker-{suffix}/log"
+        Replay.routes[(path, "")] = ((FIXTURES / log).read_text(), "text/plain")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    configuration = client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}")
+    yield client.CoreV1Api(client.ApiClient(configuration))
+    server.shutdown()
+
+
+def test_verify_passes_on_the_designed_layout(api: Any) -> None:
+    checks, system = verify.check_nodes(api)
+    assert system == {"ip-10-0-96-5.ec2.internal"} and all(c.passed for c in checks) and len(checks) == 2
+    pod_checks, pod_nodes = verify.check_pods(api, "inference", "ray-llm-", system)
+    assert all(c.passed for c in pod_checks), pod_checks
+    assert [c.detail for c in pod_checks if c.name.startswith("NIXL")] == [verify.LIBFABRIC] * 2
+    apps = json.loads((FIXTURES / "serve-applications.json").read_text())
+    assert verify.check_replica_placement(apps, pod_nodes).passed
+
+
+@pytest.mark.parametrize("api", [{"q8w2n": "worker-libfabric.log", "z4m9t": "worker-ucx.log"}], indirect=True)
+def test_verify_fails_on_ucx_with_the_fix(api: Any) -> None:
+    pod_checks, _ = verify.check_pods(api, "inference", "ray-llm-", {"ip-10-0-96-5.ec2.internal"})
+    failed = [c for c in pod_checks if not c.passed]
+    assert [c.name for c in failed] == ["NIXL ray-llm-x7k2p-gpu-workers-worker-z4m9t"]
+    assert "TCP speed" in failed[0].detail and "Fix: keep kv_backend=LIBFABRIC" in failed[0].detail
+
+
+def test_verify_fails_when_a_node_lacks_efa(api: Any) -> None:
+    nodes = json.loads((FIXTURES / "nodes-gpu.json").read_text())
+    del nodes["items"][1]["status"]["allocatable"]["vpc.amazonaws.com/efa"]
+    Replay.routes[("/api/v1/nodes", "role=gpu-worker")] = (json.dumps(nodes), "")
+    checks, _ = verify.check_nodes(api)
+    assert [c.passed for c in checks] == [True, False]
+    assert "does not advertise vpc.amazonaws.com/efa" in checks[1].detail
+
+
+def test_verify_fails_when_prefill_and_decode_share_a_node() -> None:
+    apps = json.loads((FIXTURES / "serve-applications.json").read_text())
+    same_node = {"10.0.64.30": "node-a", "10.0.64.31": "node-a"}
+    check = verify.check_replica_placement(apps, same_node)
+    assert not check.passed and "both on ['node-a']" in check.detail
+
+
+def test_verify_head_on_a_gpu_node_fails(api: Any) -> None:
+    pod_checks, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
+    (head,) = [c for c in pod_checks if c.name.startswith("head")]
+    assert not head.passed
