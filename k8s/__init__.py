@@ -7,6 +7,7 @@ from .ray_service import (
     PodResources,
     RayServiceChart,
     RayServiceProps,
+    WorkerGroupSpec,
 )
 from .serve_config import build_pd_serving_args, build_serve_config
 
@@ -17,6 +18,7 @@ __all__ = [
     "PodResources",
     "RayServiceChart",
     "RayServiceProps",
+    "WorkerGroupSpec",
     "build_pd_serving_args",
     "build_serve_config",
 ]

@@ -16,7 +16,6 @@ from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
 
 SERVE_PORT = 8000
 DASHBOARD_PORT = 8265
-WORKER_GROUP = "gpu-workers"
 
 
 @dataclass(frozen=True)
@@ -37,6 +36,8 @@ class EngineSpec:
     replicas: int
     tensor_parallel_size: int
     enforce_eager: bool
+    # A Ray resource only this phase's worker group offers; pins its replicas there.
+    placement_resource: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,18 @@ class PodResources:
 
 
 @dataclass(frozen=True)
+class WorkerGroupSpec:
+    """One Ray worker group: a pod per GPU node, pinned to its node group by labels."""
+
+    name: str
+    replicas: int
+    resources: PodResources
+    node_selector: dict[str, str]
+    # Ray logical resources the group's pods advertise (KubeRay `resources`).
+    ray_resources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class RayServiceProps:
     name: str
     namespace: str
@@ -78,11 +91,9 @@ class RayServiceProps:
     decode: EngineSpec
     kv: KvTransferSpec
     head: PodResources
-    worker: PodResources
-    worker_replicas: int
+    workers: tuple[WorkerGroupSpec, ...]
     hybrid_model: bool
     system_node_selector: dict[str, str] = field(default_factory=lambda: {"role": "system"})
-    gpu_node_selector: dict[str, str] = field(default_factory=lambda: {"role": "gpu-worker"})
 
     @property
     def serve_service_name(self) -> str:
@@ -124,7 +135,7 @@ def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
         "rayClusterConfig": {
             "rayVersion": props.ray_version,
             "headGroupSpec": _head_group(props),
-            "workerGroupSpecs": [_worker_group(props)],
+            "workerGroupSpecs": [_worker_group(props, group) for group in props.workers],
         },
     }
 
@@ -155,7 +166,7 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
     }
 
 
-def _worker_group(props: RayServiceProps) -> dict[str, Any]:
+def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, Any]:
     env: list[dict[str, Any]] = [
         {"name": "FI_PROVIDER", "value": "efa"},
         # NIXL advertises this address to its peer; the pod IP is the one EFA reaches.
@@ -163,21 +174,26 @@ def _worker_group(props: RayServiceProps) -> dict[str, Any]:
     ]
     if props.hybrid_model:
         env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})
-    return {
-        "groupName": WORKER_GROUP,
-        "replicas": props.worker_replicas,
-        "minReplicas": props.worker_replicas,
-        "maxReplicas": props.worker_replicas,
+    spec: dict[str, Any] = {
+        "groupName": group.name,
+        "replicas": group.replicas,
+        "minReplicas": group.replicas,
+        "maxReplicas": group.replicas,
         "rayStartParams": {},
+    }
+    if group.ray_resources:
+        spec["resources"] = group.ray_resources
+    return {
+        **spec,
         "template": {
             "spec": {
-                "nodeSelector": props.gpu_node_selector,
+                "nodeSelector": group.node_selector,
                 "containers": [
                     {
                         "name": "ray-worker",
                         "image": props.image,
                         "env": env,
-                        "resources": props.worker.as_k8s(),
+                        "resources": group.resources.as_k8s(),
                         # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
                         "securityContext": {"privileged": True},
                         "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
@@ -186,7 +202,7 @@ def _worker_group(props: RayServiceProps) -> dict[str, Any]:
                 "volumes": [
                     {
                         "name": "dshm",
-                        "emptyDir": {"medium": "Memory", "sizeLimit": f"{props.worker.shm_gib}Gi"},
+                        "emptyDir": {"medium": "Memory", "sizeLimit": f"{group.resources.shm_gib}Gi"},
                     }
                 ],
             }

@@ -23,7 +23,7 @@ _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec) -> dict[str, Any]:
     """One side's Ray Serve ``LLMConfig`` as a plain dict."""
-    return {
+    config: dict[str, Any] = {
         "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},
         "deployment_config": {"num_replicas": engine.replicas},
         "engine_kwargs": {
@@ -41,6 +41,11 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             },
         },
     }
+    if engine.placement_resource:
+        # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
+        bundle = {"GPU": 1, engine.placement_resource: 1}
+        config["placement_group_config"] = {"bundles": [bundle] * engine.tensor_parallel_size}
+    return config
 
 
 def build_pd_serving_args(

@@ -13,6 +13,7 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -36,6 +37,26 @@ _NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 _DEFAULT_AZ_COUNT = 2
 # Our context keys are snake_case; CDK's own (feature flags, aws:cdk:*) never are.
 _OUR_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class GpuGroup:
+    """One GPU managed node group and the Ray worker group pinned to it."""
+
+    name: str  # "gpu" (shared), "prefill" or "decode"
+    phases: tuple[str, ...]
+    instance_type: str
+    node_count: int
+    type_setting: str  # the setting that chose the instance type, for error messages
+    count_setting: str
+
+    @property
+    def instance(self) -> InstanceFacts:
+        return INSTANCE_TYPES[self.instance_type]
+
+    @property
+    def shared(self) -> bool:
+        return len(self.phases) > 1
 
 
 def _hint(text: str) -> dict[str, Any]:
@@ -123,6 +144,39 @@ class DeploymentConfig(BaseModel):
         le=16384,
         description="gp3 root volume of each GPU node, GiB (images and model cache). Default: 200.",
         json_schema_extra=_hint("a whole number of GiB from 100 to 16384"),
+    )
+
+    gpu_layout: Literal["shared", "per_phase"] = Field(
+        "shared",
+        description=(
+            "shared: one GPU node group runs both phases (the walkthrough). per_phase: prefill and "
+            "decode each get their own GPU node group and Ray worker group. Default: shared."
+        ),
+        json_schema_extra=_hint("shared or per_phase"),
+    )
+    prefill_gpu_instance_type: str | None = Field(
+        None,
+        description="per_phase only: instance type of the prefill node group. Default: gpu_instance_type.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6e.8xlarge"),
+    )
+    prefill_gpu_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="per_phase only: nodes in the prefill node group. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to 16"),
+    )
+    decode_gpu_instance_type: str | None = Field(
+        None,
+        description="per_phase only: instance type of the decode node group. Default: gpu_instance_type.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
+    )
+    decode_gpu_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="per_phase only: nodes in the decode node group. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to 16"),
     )
 
     # --- serving -------------------------------------------------------------------------
@@ -224,7 +278,17 @@ class DeploymentConfig(BaseModel):
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 
-    @field_validator("region", "gpu_availability_zone", "admin_role_arn", "image", mode="before")
+    @field_validator(
+        "region",
+        "gpu_availability_zone",
+        "admin_role_arn",
+        "image",
+        "prefill_gpu_instance_type",
+        "prefill_gpu_node_count",
+        "decode_gpu_instance_type",
+        "decode_gpu_node_count",
+        mode="before",
+    )
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
@@ -312,9 +376,11 @@ class DeploymentConfig(BaseModel):
             )
         return value
 
-    @field_validator("gpu_instance_type")
+    @field_validator("gpu_instance_type", "prefill_gpu_instance_type", "decode_gpu_instance_type")
     @classmethod
-    def _gpu_type(cls, value: str) -> str:
+    def _gpu_type(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
         facts = _known_instance(value)
         if facts.gpus == 0:
             raise ValueError("this instance type has no GPU")
@@ -389,25 +455,40 @@ class DeploymentConfig(BaseModel):
         return self
 
     def _check_gpus(self) -> None:
-        per_node = self.gpu_instance.gpus
+        per_phase_keys = ("prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
+                          "decode_gpu_node_count")  # fmt: skip
+        if self.gpu_layout == "shared":
+            for key in per_phase_keys:
+                if getattr(self, key) is not None:
+                    raise ValueError(
+                        f"{key}={getattr(self, key)!r} is only used with gpu_layout='per_phase'. "
+                        f"Fix: set gpu_layout=per_phase, or remove {key}"
+                    )
         for phase in ("prefill", "decode"):
             tp = getattr(self, f"{phase}_tensor_parallel_size")
+            group = self.gpu_group(phase)
+            per_node = group.instance.gpus
             if tp > per_node:
                 raise ValueError(
                     f"{phase}_tensor_parallel_size={tp} exceeds the {per_node} GPU(s) of one "
-                    f"{self.gpu_instance_type} (tensor parallelism stays inside a node). Fix: lower "
-                    f"it to {per_node} or choose a gpu_instance_type with more GPUs"
+                    f"{group.instance_type} (tensor parallelism stays inside a node). Fix: lower "
+                    f"it to {per_node} or choose an instance type with more GPUs"
                 )
-        wanted = self.gpus_wanted
-        have = per_node * self.gpu_node_count
-        if wanted > have:
-            raise ValueError(
-                f"prefill_replicas={self.prefill_replicas} x prefill_tensor_parallel_size="
-                f"{self.prefill_tensor_parallel_size} + decode_replicas={self.decode_replicas} x "
-                f"decode_tensor_parallel_size={self.decode_tensor_parallel_size} needs {wanted} "
-                f"GPUs, but gpu_node_count={self.gpu_node_count} x {self.gpu_instance_type} has "
-                f"{have}. Fix: raise gpu_node_count to {-(-wanted // per_node)} or lower replicas"
-            )
+        for group in self.gpu_groups:
+            per_node = group.instance.gpus
+            wanted = sum(self.gpus_for(phase) for phase in group.phases)
+            have = per_node * group.node_count
+            if wanted > have:
+                asked = " + ".join(
+                    f"{p}_replicas={getattr(self, f'{p}_replicas')} x {p}_tensor_parallel_size="
+                    f"{getattr(self, f'{p}_tensor_parallel_size')}"
+                    for p in group.phases
+                )
+                raise ValueError(
+                    f"{asked} needs {wanted} GPUs, but {group.count_setting}={group.node_count} x "
+                    f"{group.instance_type} has {have}. Fix: raise {group.count_setting} to "
+                    f"{-(-wanted // per_node)} or lower replicas"
+                )
 
     def _check_model(self) -> None:
         facts = self.model_facts
@@ -432,8 +513,8 @@ class DeploymentConfig(BaseModel):
                 raise ValueError(
                     f"max_model_len={self.max_model_len} with dtype={self.dtype}, gpu_memory_utilization="
                     f"{self.gpu_memory_utilization} and {phase}_tensor_parallel_size="
-                    f"{getattr(self, f'{phase}_tensor_parallel_size')} on gpu_instance_type="
-                    f"{self.gpu_instance_type}: {problem}. Fix: lower max_model_len, raise the "
+                    f"{getattr(self, f'{phase}_tensor_parallel_size')} on {self.gpu_group(phase).type_setting}="
+                    f"{self.gpu_group(phase).instance_type}: {problem}. Fix: lower max_model_len, raise the "
                     "tensor-parallel size, or choose a GPU with more memory"
                 )
 
@@ -457,19 +538,48 @@ class DeploymentConfig(BaseModel):
             return None
         return size(
             facts,
-            self.gpu_instance,
+            self.gpu_group(phase).instance,
             dtype=self.dtype,
             tensor_parallel_size=getattr(self, f"{phase}_tensor_parallel_size"),
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
         )
 
+    def gpus_for(self, phase: str) -> int:
+        return int(getattr(self, f"{phase}_replicas")) * int(getattr(self, f"{phase}_tensor_parallel_size"))
+
     @property
     def gpus_wanted(self) -> int:
-        return (
-            self.prefill_replicas * self.prefill_tensor_parallel_size
-            + self.decode_replicas * self.decode_tensor_parallel_size
-        )
+        return self.gpus_for("prefill") + self.gpus_for("decode")
+
+    @property
+    def gpu_groups(self) -> list[GpuGroup]:
+        """The GPU node groups, each with its Ray worker group: one shared, or one per phase."""
+        if self.gpu_layout == "shared":
+            return [
+                GpuGroup(
+                    "gpu",
+                    ("prefill", "decode"),
+                    self.gpu_instance_type,
+                    self.gpu_node_count,
+                    "gpu_instance_type",
+                    "gpu_node_count",
+                )
+            ]
+        return [
+            GpuGroup(
+                phase,
+                (phase,),
+                getattr(self, f"{phase}_gpu_instance_type") or self.gpu_instance_type,
+                getattr(self, f"{phase}_gpu_node_count") or 1,
+                f"{phase}_gpu_instance_type" if getattr(self, f"{phase}_gpu_instance_type") else "gpu_instance_type",
+                f"{phase}_gpu_node_count",
+            )
+            for phase in ("prefill", "decode")
+        ]
+
+    def gpu_group(self, phase: str) -> GpuGroup:
+        return next(group for group in self.gpu_groups if phase in group.phases)
 
     @property
     def kubernetes_release(self) -> versions.KubernetesRelease:

@@ -12,16 +12,18 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from ._private import nag
-from .config import DeploymentConfig
+from ._private.serving_props import gpu_node_labels
+from .config import DeploymentConfig, GpuGroup
 from .network import Network
 
+# What the device plugins select: every GPU node group carries it.
 GPU_NODE_LABELS = {"role": "gpu-worker"}
 # Pods reach IMDS through one extra network hop; 2 keeps IMDSv2 usable from them.
 _IMDS_HOP_LIMIT = 2
 
 
 class EfaGpuNodeGroup(Construct):
-    """``gpu_node_count`` GPU nodes in the GPU subnet, each with an EFA interface."""
+    """One GPU group's nodes in the GPU subnet, each with an EFA interface."""
 
     def __init__(
         self,
@@ -29,6 +31,7 @@ class EfaGpuNodeGroup(Construct):
         id: str,
         *,
         config: DeploymentConfig,
+        group: GpuGroup,
         network: Network,
         cluster: eks.Cluster,
     ) -> None:
@@ -80,18 +83,19 @@ class EfaGpuNodeGroup(Construct):
                 placement=L.PlacementProperty(group_name=self.placement_group.ref),
             ),
         )
+        self.group = group
         self.nodegroup = cluster.add_nodegroup_capacity(
-            "GpuNodeGroup",
-            instance_types=[ec2.InstanceType(config.gpu_instance_type)],
+            "GpuNodeGroup" if group.shared else f"{group.name.capitalize()}GpuNodeGroup",
+            instance_types=[ec2.InstanceType(group.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.launch_template.ref,
                 version=self.launch_template.attr_latest_version_number,
             ),
-            min_size=config.gpu_node_count,
-            desired_size=config.gpu_node_count,
-            max_size=config.gpu_node_count,
-            labels=GPU_NODE_LABELS,
+            min_size=group.node_count,
+            desired_size=group.node_count,
+            max_size=group.node_count,
+            labels=gpu_node_labels(group),
             subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
         )
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

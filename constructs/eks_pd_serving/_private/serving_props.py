@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from ..catalog import InstanceFacts
-from ..config import DeploymentConfig
-from ..k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps
+from ..config import DeploymentConfig, GpuGroup
+from ..k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
 from ..versions import RAY_VERSION
 
 # Left on each node for the kubelet, the system reserve and the daemon sets (CNI, kube-proxy,
@@ -28,6 +28,36 @@ def worker_resources(instance: InstanceFacts) -> PodResources:
     )
 
 
+def gpu_node_labels(group: GpuGroup) -> dict[str, str]:
+    """Kubernetes labels of a GPU node group; the device plugins select role=gpu-worker."""
+    return {"role": "gpu-worker"} if group.shared else {"role": "gpu-worker", "phase": group.name}
+
+
+def placement_resource(group: GpuGroup) -> str | None:
+    """The Ray resource that pins a phase to its own worker group (per_phase layout only)."""
+    return None if group.shared else f"{group.name}_gpu"
+
+
+def worker_group(group: GpuGroup) -> WorkerGroupSpec:
+    resource = placement_resource(group)
+    return WorkerGroupSpec(
+        name="gpu-workers" if group.shared else f"{group.name}-workers",
+        replicas=group.node_count,
+        resources=worker_resources(group.instance),
+        node_selector=gpu_node_labels(group),
+        ray_resources={resource: str(group.instance.gpus)} if resource else {},
+    )
+
+
+def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
+    return EngineSpec(
+        replicas=getattr(config, f"{phase}_replicas"),
+        tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
+        enforce_eager=getattr(config, f"{phase}_enforce_eager"),
+        placement_resource=placement_resource(config.gpu_group(phase)),
+    )
+
+
 def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
     facts = config.model_facts
     return RayServiceProps(
@@ -42,19 +72,10 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
             dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
         ),
-        prefill=EngineSpec(
-            replicas=config.prefill_replicas,
-            tensor_parallel_size=config.prefill_tensor_parallel_size,
-            enforce_eager=config.prefill_enforce_eager,
-        ),
-        decode=EngineSpec(
-            replicas=config.decode_replicas,
-            tensor_parallel_size=config.decode_tensor_parallel_size,
-            enforce_eager=config.decode_enforce_eager,
-        ),
+        prefill=_engine(config, "prefill"),
+        decode=_engine(config, "decode"),
         kv=KvTransferSpec(backend=config.kv_backend, buffer_device=config.kv_buffer_device),
         head=HEAD,
-        worker=worker_resources(config.gpu_instance),
-        worker_replicas=config.gpu_node_count,
+        workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
     )

@@ -59,13 +59,15 @@ def run(args: argparse.Namespace) -> int:
     for phase in ("prefill", "decode"):
         sizing = size(
             facts,
-            config.gpu_instance,
+            config.gpu_group(phase).instance,
             dtype=config.dtype,
             tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
             gpu_memory_utilization=config.gpu_memory_utilization,
             max_model_len=config.max_model_len,
         )
-        console.print(f"[bold]{phase}[/bold]: {config.model_source} on {config.gpu_instance_type}, per GPU")
+        console.print(
+            f"[bold]{phase}[/bold]: {config.model_source} on {config.gpu_group(phase).instance_type}, per GPU"
+        )
         for line in sizing.summary():
             console.print(f"  {line}")
         for problem in sizing.problems():
