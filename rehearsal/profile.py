@@ -28,7 +28,7 @@ _POD_ONLY_ENV = {"FI_PROVIDER"}
 def ray_service_from_template(template_file: Path, region: str = "us-east-1") -> dict[str, Any]:
     for document in kubernetes_objects(json.loads(template_file.read_text()), region):
         if document.get("kind") == "RayService":
-            return document
+            return dict(document)
     raise ValueError(f"no RayService manifest in {template_file}")
 
 
@@ -54,8 +54,11 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
             llm = app["args"][side]
             llm["model_loading_config"]["model_source"] = str(checkpoint)
             llm["deployment_config"]["num_replicas"] = 1
-            # Replicas ask for CPU instead of the default GPU bundle.
-            llm["placement_group_config"] = {"bundles": [{"CPU": 1}]}
+            # Replicas ask for CPU instead of GPUs; a phase's own Ray resource (per-phase
+            # layout) stays, so the pinning to its worker group is rehearsed too.
+            bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
+            pinning = {k: v for k, v in bundles[0].items() if k not in ("GPU", "CPU")}
+            llm["placement_group_config"] = {"bundles": [{"CPU": 1, **pinning}]}
             engine = llm["engine_kwargs"]
             engine["max_model_len"] = LOCAL_MAX_MODEL_LEN
             engine["tensor_parallel_size"] = 1
@@ -65,11 +68,27 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
     return local
 
 
+def custom_resources(serve_config: dict[str, Any]) -> dict[str, float]:
+    """Ray resources the rehearsed replicas ask for besides CPU: the local node offers them, as
+    each phase's worker group does on the cluster."""
+    found: dict[str, float] = {}
+    for app in serve_config["applications"]:
+        for llm in app["args"].get("llm_configs", []) or [
+            app["args"].get(s) for s in ("prefill_config", "decode_config")
+        ]:
+            for bundle in (llm or {}).get("placement_group_config", {}).get("bundles", []):
+                for name, amount in bundle.items():
+                    if name not in ("CPU", "GPU"):
+                        found[name] = found.get(name, 0) + float(amount)
+    return found
+
+
 def colocated_control(rehearsed: dict[str, Any]) -> dict[str, Any]:
     """One engine, no KV connector: the baseline outputs and the negative control."""
     (app,) = rehearsed["applications"]
     llm = copy.deepcopy(app["args"]["decode_config"])
     llm["engine_kwargs"].pop("kv_transfer_config")
+    llm["placement_group_config"] = {"bundles": [{"CPU": 1}]}
     return {
         "applications": [
             {

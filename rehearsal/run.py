@@ -60,7 +60,7 @@ def log(message: str) -> None:
 
 
 @contextlib.contextmanager
-def local_ray(env: dict[str, str], metrics_port: int) -> Iterator[str]:
+def local_ray(env: dict[str, str], metrics_port: int, resources: dict[str, float]) -> Iterator[str]:
     """Ray on loopback; on exit every process it started (engines included) is gone."""
     import ray
 
@@ -79,6 +79,7 @@ def local_ray(env: dict[str, str], metrics_port: int) -> Iterator[str]:
         ray.init(
             address="local",
             num_cpus=8,
+            resources=resources,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             _metrics_export_port=metrics_port,
@@ -156,7 +157,7 @@ def rehearse_both(
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     report: dict[str, Any] = {}
-    with local_ray(env, metrics_port):
+    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
         for name, config in (("pd", rehearsed), ("colocated", profile.colocated_control(rehearsed))):
             log(f"== {name}: deploying")
             ready_s = deploy(config, http_port, timeout_s)

@@ -34,6 +34,9 @@ def test_context_strings_are_parsed_like_typed_values() -> None:
             "gpu_availability_zone": "us-east-1b",
             "admin_role_arn": "",
             "kv_backend": "libfabric",
+            "gpu_instance_type": "g6.12xlarge",
+            "prefill_tensor_parallel_size": "2",
+            "decode_tensor_parallel_size": "2",
             "@aws-cdk/core:someFlag": True,
             "aws:cdk:enable-path-metadata": True,
         }
@@ -45,6 +48,7 @@ def test_context_strings_are_parsed_like_typed_values() -> None:
     assert config.availability_zones == ("us-east-1a", "us-east-1b")
     assert config.admin_role_arn is None
     assert config.kv_backend == "LIBFABRIC"
+    assert (config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size) == (2, 2)
 
 
 def test_config_is_frozen() -> None:
@@ -126,7 +130,7 @@ REJECTED: list[tuple[str, dict[str, Any], str]] = [
     ("buffer device", {"kv_buffer_device": "disk"}, r"kv_buffer_device='disk'"),
     ("dtype", {"dtype": "int4"}, r"dtype='int4'"),
     ("memory fraction", {"gpu_memory_utilization": "1.5"}, r"gpu_memory_utilization='1.5'"),
-    ("tp value", {"prefill_tensor_parallel_size": 3}, r"prefill_tensor_parallel_size=3"),
+    ("tp value", {"prefill_tensor_parallel_size": 3}, r"prefill_tensor_parallel_size=3: vLLM splits attention heads"),
     (
         "tp beyond node",
         {"decode_tensor_parallel_size": 2},

@@ -103,14 +103,19 @@ def configurations(draw: st.DrawFn, plausible_percent: int = 50) -> dict[str, An
     }
     chosen = draw(st.fixed_dictionaries({}, optional=options))
     as_context = draw(st.booleans())
-    return {k: (str(v) if as_context and v is not None and not isinstance(v, str) else v) for k, v in chosen.items()}
+    context = {k: (str(v) if as_context and v is not None and not isinstance(v, str) else v) for k, v in chosen.items()}
+    return {**context, "_plausible": plausible}
 
 
 def outcome(context: dict[str, Any]) -> tuple[DeploymentConfig | None, str | None]:
-    """The config model's verdict; any exception but ConfigError propagates and fails the test."""
+    """The config model's verdict; any exception but ConfigError propagates and fails the test.
+    A value drawn from a setting's plausible values must never be rejected on its own (only in
+    combination with others)."""
     try:
         return DeploymentConfig.from_context(context), None
     except ConfigError as error:
+        if error.setting in context and context.get("_plausible"):
+            raise AssertionError(f"plausible {error.setting}={context[error.setting]!r} rejected: {error}") from None
         return None, str(error)
 
 
@@ -147,7 +152,7 @@ def test_config_model_on_a_thousand_generated_cases() -> None:
 def run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
-        "CDK_CONTEXT_JSON": json.dumps(context),
+        "CDK_CONTEXT_JSON": json.dumps({k: v for k, v in context.items() if k != "_plausible"}),
         "CDK_OUTDIR": str(outdir),
         "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
     }

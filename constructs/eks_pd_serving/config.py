@@ -24,7 +24,13 @@ from .sizing import Sizing, size
 
 
 class ConfigError(ValueError):
-    """A setting (or a combination of settings) that cannot work; the message is one line."""
+    """A setting (or a combination of settings) that cannot work; the message is one line.
+    ``setting`` names the one setting at fault when a single value is wrong (None when the
+    fault is a combination of settings)."""
+
+    def __init__(self, message: str, setting: str | None = None) -> None:
+        super().__init__(message)
+        self.setting = setting
 
 
 _EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")
@@ -245,12 +251,12 @@ class DeploymentConfig(BaseModel):
         description="Decode engine replicas. Default: 1.",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
-    prefill_tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
+    prefill_tensor_parallel_size: int = Field(
         1,
         description="GPUs per prefill replica. Default: 1.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
     )
-    decode_tensor_parallel_size: Literal[1, 2, 4, 8] = Field(
+    decode_tensor_parallel_size: int = Field(
         1,
         description="GPUs per decode replica. Default: 1.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
@@ -409,6 +415,13 @@ class DeploymentConfig(BaseModel):
     def _no_spaces(cls, value: str | None) -> str | None:
         if value is not None and (not value or any(c.isspace() for c in value)):
             raise ValueError("must be non-empty and without spaces")
+        return value
+
+    @field_validator("prefill_tensor_parallel_size", "decode_tensor_parallel_size")
+    @classmethod
+    def _tensor_parallel(cls, value: int) -> int:
+        if value not in (1, 2, 4, 8):
+            raise ValueError("vLLM splits attention heads evenly: 1, 2, 4 or 8 GPUs")
         return value
 
     @field_validator("kv_backend", mode="before")
@@ -619,7 +632,8 @@ class DeploymentConfig(BaseModel):
         try:
             return cls(**settings)
         except ValidationError as error:
-            raise ConfigError(_one_line(error, settings)) from None
+            location = error.errors(include_url=False)[0]["loc"]
+            raise ConfigError(_one_line(error, settings), str(location[0]) if location else None) from None
 
 
 def _az_region(az: str) -> str:
