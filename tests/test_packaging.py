@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import json
+import os
+import shutil
 import subprocess
 import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -47,3 +52,78 @@ def test_ray_requirements_pin_the_images_ray_version() -> None:
 
 def test_aws_cdk_lib_pin_matches_the_versions_module() -> None:
     assert f"aws-cdk-lib=={versions.AWS_CDK_LIB_VERSION}" in (ROOT / "requirements.txt").read_text()
+
+
+# --- the construct as a pipeline consumes it ----------------------------------------------------
+EXAMPLE = ROOT / "examples" / "account_vending"
+
+
+@pytest.fixture(scope="module")
+def installed_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The repository built as a wheel and installed into a folder of its own."""
+    build = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build), str(ROOT)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    (wheel,) = build.glob("eks_pd_serving-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "eks_pd_serving/k8s/ray_service.py" in names and "eks_pd_serving/cli/verify.py" in names
+    assert not any(n.startswith(("constructs/", "k8s/", "stacks/", "tests/")) for n in names)
+    site = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+        check=True, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    return site
+
+
+def run_example(app_dir: Path, outdir: Path, pythonpath: Path) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(pythonpath),
+        "CDK_OUTDIR": str(outdir),
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+    }
+    code = "import runpy, eks_pd_serving; print(eks_pd_serving.__file__); runpy.run_path('app.py', run_name='__main__')"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=app_dir, env=env, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_separate_app_synthesizes_two_deployments_from_the_installed_package(
+    installed_package: Path, tmp_path: Path
+) -> None:
+    app_dir = tmp_path / "pipeline"
+    app_dir.mkdir()
+    shutil.copy(EXAMPLE / "app.py", app_dir / "app.py")  # outside the repository: no cdk.json, no source tree
+    result = run_example(app_dir, tmp_path / "cdk.out", installed_package)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0].startswith(str(installed_package)), "imported the source tree, not the package"
+    templates = {p.name: json.loads(p.read_text()) for p in (tmp_path / "cdk.out").glob("*.template.json")}
+    assert set(templates) == {"LlmServing-search.template.json", "LlmServing-assist.template.json"}
+    sizes = {
+        name: sorted(
+            r["Properties"]["ScalingConfig"]["DesiredSize"]
+            for r in t["Resources"].values()
+            if r["Type"] == "AWS::EKS::Nodegroup"
+        )
+        for name, t in templates.items()
+    }
+    assert sizes == {"LlmServing-search.template.json": [1, 2], "LlmServing-assist.template.json": [1, 1, 3]}
+
+
+def test_the_example_app_synthesizes_from_the_source_tree(tmp_path: Path) -> None:
+    result = run_example(EXAMPLE, tmp_path / "cdk.out", ROOT / "constructs")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert len(list((tmp_path / "cdk.out").glob("*.template.json"))) == 2
+
+
+def test_version_and_changelog_agree() -> None:
+    import tomllib
+
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert f"## {version} (" in (ROOT / "CHANGELOG.md").read_text()
+    import eks_pd_serving
+
+    assert eks_pd_serving.__version__ == version

@@ -46,8 +46,17 @@ def test_the_ray_venv_runs_the_images_ray_version() -> None:
 
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"gpu_instance_type": "g6.12xlarge", "prefill_replicas": 2, "kv_buffer_device": "cpu"}],
-    ids=["default", "two-prefill-replicas"],
+    [
+        {},
+        {"gpu_instance_type": "g6.12xlarge", "prefill_replicas": 2, "kv_buffer_device": "cpu"},
+        {
+            "gpu_layout": "per_phase",
+            "prefill_gpu_instance_type": "g6e.8xlarge",
+            "decode_gpu_node_count": 2,
+            "decode_replicas": 2,
+        },
+    ],
+    ids=["default", "two-prefill-replicas", "per-phase"],
 )
 def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[str, Any]) -> None:
     result = run_ray_check(tmp_path, ray_service(**settings))

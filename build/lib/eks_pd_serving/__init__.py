@@ -1,0 +1,31 @@
+"""Prefill/decode-disaggregated LLM serving on Amazon EKS, as AWS CDK constructs.
+
+    from eks_pd_serving import DeploymentConfig, PdServing
+    PdServing(stack, "PdServing", config=DeploymentConfig.create(gpu_node_count=4))
+
+Names are imported lazily, so plain-JSON modules (``eks_pd_serving.assembly``) load without
+aws-cdk-lib (the CPU rehearsal's virtualenv relies on that).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module, metadata
+from typing import Any
+
+try:
+    __version__ = metadata.version("eks-pd-serving")
+except metadata.PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0.0.0+source"
+
+_EXPORTS = {
+    "ConfigError": "config",
+    "DeploymentConfig": "config",
+    "PdServing": "pd_serving",
+}
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,81 @@
+"""Turns the deployment config into the RayService chart's props (pod sizes included)."""
+
+from __future__ import annotations
+
+from ..catalog import InstanceFacts
+from ..config import DeploymentConfig, GpuGroup
+from ..k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
+from ..versions import RAY_VERSION
+
+# Left on each node for the kubelet, the system reserve and the daemon sets (CNI, kube-proxy,
+# device plugins, pod identity agent).
+_NODE_RESERVED_VCPUS = 4
+_NODE_MEMORY_FRACTION = 0.8
+_MAX_SHM_GIB = 32
+HEAD = PodResources(cpu=2, memory_gib=8)
+
+
+def worker_resources(instance: InstanceFacts) -> PodResources:
+    """One Ray worker pod takes a whole GPU node: every GPU and EFA interface, most CPU and
+    memory. The large memory limit lets the page cache keep the checkpoint across restarts."""
+    memory_gib = int(instance.memory_gib * _NODE_MEMORY_FRACTION)
+    return PodResources(
+        cpu=instance.vcpus - _NODE_RESERVED_VCPUS,
+        memory_gib=memory_gib,
+        gpus=instance.gpus,
+        efa_interfaces=instance.efa_interfaces,
+        shm_gib=min(_MAX_SHM_GIB, memory_gib // 4),
+    )
+
+
+def gpu_node_labels(group: GpuGroup) -> dict[str, str]:
+    """Kubernetes labels of a GPU node group; the device plugins select role=gpu-worker."""
+    return {"role": "gpu-worker"} if group.shared else {"role": "gpu-worker", "phase": group.name}
+
+
+def placement_resource(group: GpuGroup) -> str | None:
+    """The Ray resource that pins a phase to its own worker group (per_phase layout only)."""
+    return None if group.shared else f"{group.name}_gpu"
+
+
+def worker_group(group: GpuGroup) -> WorkerGroupSpec:
+    resource = placement_resource(group)
+    return WorkerGroupSpec(
+        name="gpu-workers" if group.shared else f"{group.name}-workers",
+        replicas=group.node_count,
+        resources=worker_resources(group.instance),
+        node_selector=gpu_node_labels(group),
+        ray_resources={resource: str(group.instance.gpus)} if resource else {},
+    )
+
+
+def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
+    return EngineSpec(
+        replicas=getattr(config, f"{phase}_replicas"),
+        tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
+        enforce_eager=getattr(config, f"{phase}_enforce_eager"),
+        placement_resource=placement_resource(config.gpu_group(phase)),
+    )
+
+
+def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
+    facts = config.model_facts
+    return RayServiceProps(
+        name=config.ray_service_name,
+        namespace=config.namespace,
+        image=image,
+        ray_version=RAY_VERSION,
+        model=ModelSpec(
+            model_id=config.model_id,
+            model_source=config.model_source,
+            max_model_len=config.max_model_len,
+            dtype=config.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+        ),
+        prefill=_engine(config, "prefill"),
+        decode=_engine(config, "decode"),
+        kv=KvTransferSpec(backend=config.kv_backend, buffer_device=config.kv_buffer_device),
+        head=HEAD,
+        workers=tuple(worker_group(group) for group in config.gpu_groups),
+        hybrid_model=bool(facts and facts.hybrid),
+    )

@@ -1,0 +1,61 @@
+"""Read the Kubernetes side of a synthesized cloud assembly (cdk.out): every manifest object
+and Helm release, with the region token flattened. Plain JSON: no aws-cdk-lib import, so the
+CPU rehearsal's virtualenv can use it too."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
+HELM_TYPE = "Custom::AWSCDK-EKS-HelmChart"
+REGION_PLACEHOLDER = "${AWS::Region}"
+
+
+def resolve(value: Any, region: str = REGION_PLACEHOLDER) -> Any:
+    """Flatten Fn::Join and Ref AWS::Region, the only intrinsics the manifests hold."""
+    if isinstance(value, dict):
+        if "Fn::Join" in value:
+            separator, parts = value["Fn::Join"]
+            return str(separator).join(str(resolve(part, region)) for part in parts)
+        if value == {"Ref": "AWS::Region"}:
+            return region
+        return {k: resolve(v, region) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve(v, region) for v in value]
+    return value
+
+
+def templates(assembly: Path) -> dict[str, dict[str, Any]]:
+    """Stack name -> template, for every stack in a cdk.out folder (or one template file)."""
+    if assembly.is_file():
+        return {assembly.name.removesuffix(".template.json"): json.loads(assembly.read_text())}
+    return {
+        p.name.removesuffix(".template.json"): json.loads(p.read_text())
+        for p in sorted(assembly.glob("*.template.json"))
+    }
+
+
+def kubernetes_objects(template: dict[str, Any], region: str = REGION_PLACEHOLDER) -> list[dict[str, Any]]:
+    objects: list[dict[str, Any]] = []
+    for resource in template["Resources"].values():
+        if resource["Type"] == MANIFEST_TYPE:
+            objects += json.loads(resolve(resource["Properties"]["Manifest"], region))
+    return objects
+
+
+def helm_releases(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    releases = {}
+    for resource in template["Resources"].values():
+        if resource["Type"] == HELM_TYPE:
+            props = resolve(resource["Properties"])
+            values = json.loads(props["Values"]) if props.get("Values") else {}
+            releases[props["Release"]] = {
+                "chart": props.get("Chart"),
+                "version": props.get("Version"),
+                "repository": props.get("Repository"),
+                "namespace": props.get("Namespace"),
+                "values": values,
+            }
+    return releases

@@ -1,0 +1,112 @@
+"""Facts about instance types and models that synth needs offline.
+
+Instance figures are those EC2 ``DescribeInstanceTypes`` reports (GPU memory in MiB as EC2
+reports it, not the marketed size). A type missing here is rejected with the list of known
+ones; adding a row is the fix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+
+@dataclass(frozen=True)
+class InstanceFacts:
+    vcpus: int
+    memory_gib: int
+    gpus: int = 0
+    gpu_name: str = ""
+    gpu_memory_mib: int = 0
+    efa_interfaces: int = 0
+    network_gbps: float = 0.0
+
+    @property
+    def efa_supported(self) -> bool:
+        return self.efa_interfaces > 0
+
+
+def _l4(vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float) -> InstanceFacts:
+    return InstanceFacts(vcpus, memory_gib, gpus, "L4", 22888, efa, gbps)
+
+
+def _l40s(vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float) -> InstanceFacts:
+    return InstanceFacts(vcpus, memory_gib, gpus, "L40S", 45776, efa, gbps)
+
+
+INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
+    # General purpose, for the system node group (KubeRay operator, Ray head).
+    "m7i.large": InstanceFacts(2, 8),
+    "m7i.xlarge": InstanceFacts(4, 16),
+    "m7i.2xlarge": InstanceFacts(8, 32),
+    "m7i.4xlarge": InstanceFacts(16, 64),
+    "m6i.xlarge": InstanceFacts(4, 16),
+    "m6i.2xlarge": InstanceFacts(8, 32),
+    "m5.xlarge": InstanceFacts(4, 16),
+    "m5.2xlarge": InstanceFacts(8, 32),
+    # NVIDIA L4.
+    "g6.xlarge": _l4(4, 16, 1, 0, 10),
+    "g6.2xlarge": _l4(8, 32, 1, 0, 10),
+    "g6.4xlarge": _l4(16, 64, 1, 0, 25),
+    "g6.8xlarge": _l4(32, 128, 1, 1, 25),
+    "g6.12xlarge": _l4(48, 192, 4, 1, 40),
+    "g6.16xlarge": _l4(64, 256, 1, 1, 25),
+    "g6.24xlarge": _l4(96, 384, 4, 1, 50),
+    "g6.48xlarge": _l4(192, 768, 8, 1, 100),
+    # NVIDIA L40S.
+    "g6e.xlarge": _l40s(4, 32, 1, 0, 20),
+    "g6e.8xlarge": _l40s(32, 256, 1, 1, 25),
+    "g6e.12xlarge": _l40s(48, 384, 4, 1, 100),
+    "g6e.24xlarge": _l40s(96, 768, 4, 2, 200),
+    "g6e.48xlarge": _l40s(192, 1536, 8, 4, 400),
+}
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What sizing and validation need to know about a model without downloading it.
+
+    Figures come from the model's ``config.json`` (text model). Linear-attention (Gated
+    DeltaNet) layers keep a fixed per-sequence state instead of per-token KV.
+    """
+
+    params: float  # parameters, as counted for the weights in memory
+    max_model_len: int  # max_position_embeddings
+    num_layers: int
+    full_attention_layers: int
+    num_kv_heads: int
+    head_dim: int
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+
+    @property
+    def linear_layers(self) -> int:
+        return self.num_layers - self.full_attention_layers
+
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid models need the same tensor-parallel size on prefill and decode and
+        VLLM_SSM_CONV_STATE_LAYOUT=DS for NIXL transfers."""
+        return self.linear_layers > 0
+
+
+# Keyed by Hugging Face model source.
+MODELS: Final[dict[str, ModelFacts]] = {
+    # 32 layers: 24 Gated DeltaNet + 8 full attention (full_attention_interval 4); ~18 GB bf16.
+    "Qwen/Qwen3.5-9B": ModelFacts(
+        params=9.0e9,
+        max_model_len=262144,
+        num_layers=32,
+        full_attention_layers=8,
+        num_kv_heads=4,
+        head_dim=256,
+        linear_num_key_heads=16,
+        linear_num_value_heads=32,
+        linear_key_head_dim=128,
+        linear_value_head_dim=128,
+        linear_conv_kernel_dim=4,
+    ),
+}

@@ -1,0 +1,111 @@
+"""Hourly and 30-day cost estimate of what the synthesized app runs (an estimate, not a quote).
+
+Reads the template `cdk synth` wrote (NAT gateways, node groups and their volumes, the EKS
+version) and prices it from the table below. Data transfer (NAT per-GB, cross-AZ) and log
+ingestion depend on traffic and are not included.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._common import console, table
+
+PRICES_SOURCE = "us-east-1 on-demand, third-party price tables dated 2026 (see README)"
+PRICES: dict[str, dict[str, float]] = {
+    "us-east-1": {
+        "eks_hour": 0.10,
+        "eks_extended_hour": 0.60,
+        "nat_hour": 0.045,
+        "g6.8xlarge": 2.0144,
+        "m7i.xlarge": 0.2016,
+        "gp3_gb_month": 0.08,
+        "kms_key_month": 1.00,
+    }
+}
+# End of EKS standard support (release + 14 months); after it the control plane costs the
+# extended-support price. 1.35 and 1.36 dates are projected from their release months.
+STANDARD_SUPPORT_ENDS = {
+    "1.32": datetime.date(2026, 3, 23),
+    "1.33": datetime.date(2026, 7, 29),
+    "1.34": datetime.date(2026, 12, 2),
+    "1.35": datetime.date(2027, 3, 27),
+    "1.36": datetime.date(2027, 7, 28),
+}
+HOURS_30_DAYS = 720
+MNG_DEFAULT_DISK_GIB = 20
+
+
+@dataclass(frozen=True)
+class Line:
+    item: str
+    quantity: float
+    unit_price: float  # per hour
+    note: str = ""
+
+    @property
+    def hourly(self) -> float:
+        return self.quantity * self.unit_price
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
+    parser.add_argument("--region", default="us-east-1", help="price table region (default us-east-1)")
+    parser.add_argument("--on", type=datetime.date.fromisoformat, default=datetime.date.today(),
+                        help="date for the EKS support status (default today)")  # fmt: skip
+
+
+def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[list[Line], str]:
+    table_region = region if region in PRICES else "us-east-1"
+    label = f"prices: {PRICES_SOURCE}" + ("" if table_region == region else f"; no table for {region}")
+    prices = PRICES[table_region]
+    resources = template["Resources"].values()
+    lines = []
+    for cluster in (r for r in resources if r["Type"] == "AWS::EKS::Cluster"):
+        version = cluster["Properties"]["Version"]
+        ends = STANDARD_SUPPORT_ENDS.get(version)
+        extended = ends is not None and on > ends
+        price = prices["eks_extended_hour" if extended else "eks_hour"]
+        note = f"{version}, {'extended' if extended else 'standard'} support"
+        lines.append(Line("EKS control plane", 1, price, note))
+    nats = sum(r["Type"] == "AWS::EC2::NatGateway" for r in resources)
+    lines.append(Line("NAT gateway", nats, prices["nat_hour"], "plus $0.045/GB processed (not included)"))
+    for group in (r["Properties"] for r in resources if r["Type"] == "AWS::EKS::Nodegroup"):
+        (instance,) = group["InstanceTypes"]
+        count = group["ScalingConfig"]["DesiredSize"]
+        note = "" if instance in prices else "no price in table"
+        lines.append(Line(f"{instance} nodes", count, prices.get(instance, 0.0), note))
+        disk = _disk_gib(template, group)
+        lines.append(Line(f"gp3 root volumes ({disk} GiB each)", count * disk, prices["gp3_gb_month"] / HOURS_30_DAYS))
+    keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
+    lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
+    return lines, label
+
+
+def _disk_gib(template: dict[str, Any], group: dict[str, Any]) -> int:
+    launch_template = group.get("LaunchTemplate")
+    if launch_template:
+        data = template["Resources"][launch_template["Id"]["Ref"]]["Properties"]["LaunchTemplateData"]
+        return int(data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"])
+    return int(group.get("DiskSize", MNG_DEFAULT_DISK_GIB))
+
+
+def run(args: argparse.Namespace) -> int:
+    if not args.template.exists():
+        console.print(f"error: {args.template} not found. Fix: run make synth first")
+        return 2
+    lines, label = estimate(json.loads(args.template.read_text()), args.region, args.on)
+    rows = [
+        [ln.item, f"{ln.quantity:g}", f"${ln.hourly:,.4f}", f"${ln.hourly * HOURS_30_DAYS:,.2f}", ln.note]
+        for ln in lines
+    ]
+    hourly = sum(ln.hourly for ln in lines)
+    rows.append(["total (estimate)", "", f"${hourly:,.2f}", f"${hourly * HOURS_30_DAYS:,.2f}", ""])
+    console.print(table("Cost estimate", ["item", "qty", "per hour", "30 days", "note"], rows))
+    console.print(label)
+    return 0

@@ -1,0 +1,140 @@
+"""After `cdk deploy`, with your kubeconfig: is it serving the way it was designed to?
+
+- every GPU node advertises nvidia.com/gpu and vpc.amazonaws.com/efa;
+- the Ray head runs on a system node;
+- prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
+- worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
+- /v1/models and one streamed chat completion answer, with time to first token (--endpoint).
+
+Open the two ports first, as the stack outputs say:
+  kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000
+  kubectl -n inference port-forward svc/ray-llm-head-svc 8265:8265
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from ..cluster import SYSTEM_NODE_LABELS
+from ..endpoint_check import EndpointFailed, check_endpoint
+from ..gpu_node_group import GPU_NODE_LABELS
+from ._common import add_config_arguments, console, load_config, table
+
+LIBFABRIC = "Backend LIBFABRIC was instantiated"
+UCX = "Backend UCX was instantiated"
+UCX_FIX = (
+    "NIXL fell back to UCX, which moves the KV cache at TCP speed. Fix: keep kv_backend=LIBFABRIC, "
+    "check the pods request vpc.amazonaws.com/efa and run privileged, and that FI_PROVIDER=efa is set"
+)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    passed: bool
+    detail: str
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser)
+    parser.add_argument("--kubeconfig", help="kubeconfig file (default: ~/.kube/config)")
+    parser.add_argument("--endpoint", default="http://127.0.0.1:8000", help="port-forwarded serve service")
+    parser.add_argument("--dashboard", default="http://127.0.0.1:8265", help="port-forwarded Ray dashboard")
+    parser.add_argument("--skip-http", action="store_true", help="only the Kubernetes checks")
+
+
+def _selector(labels: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in labels.items())
+
+
+def check_nodes(core: Any) -> tuple[list[Check], set[str]]:
+    gpu_nodes = core.list_node(label_selector=_selector(GPU_NODE_LABELS)).items
+    if not gpu_nodes:
+        return [Check("GPU nodes", False, f"no node labelled {_selector(GPU_NODE_LABELS)}")], set()
+    checks = []
+    for node in gpu_nodes:
+        allocatable = node.status.allocatable or {}
+        missing = [r for r in ("nvidia.com/gpu", "vpc.amazonaws.com/efa") if int(allocatable.get(r, "0")) < 1]
+        detail = "advertises nvidia.com/gpu and vpc.amazonaws.com/efa" if not missing else (
+            f"does not advertise {', '.join(missing)}. Fix: check the device plugin pods on this node"
+        )  # fmt: skip
+        checks.append(Check(f"node {node.metadata.name}", not missing, detail))
+    system = {n.metadata.name for n in core.list_node(label_selector=_selector(SYSTEM_NODE_LABELS)).items}
+    return checks, system
+
+
+def check_pods(
+    core: Any, namespace: str, cluster_prefix: str, system_nodes: set[str]
+) -> tuple[list[Check], dict[str, str]]:
+    """Head placement and NIXL backend per worker; returns pod IP -> node for replica placement."""
+    pods = [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name.startswith(cluster_prefix)]
+    heads = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "head"]
+    workers = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "worker"]
+    checks = []
+    for head in heads:
+        on_system = head.spec.node_name in system_nodes
+        checks.append(Check(f"head {head.metadata.name}", on_system, f"on node {head.spec.node_name}"))
+    if not heads:
+        checks.append(Check("Ray head", False, f"no head pod of {cluster_prefix} in {namespace}"))
+    for worker in workers:
+        log = core.read_namespaced_pod_log(worker.metadata.name, namespace, container="ray-worker")
+        if UCX in log:
+            checks.append(Check(f"NIXL {worker.metadata.name}", False, UCX_FIX))
+        elif LIBFABRIC in log:
+            checks.append(Check(f"NIXL {worker.metadata.name}", True, LIBFABRIC))
+        else:
+            checks.append(Check(f"NIXL {worker.metadata.name}", False, "no NIXL backend line in the log yet"))
+    if not workers:
+        checks.append(Check("Ray workers", False, f"no worker pod of {cluster_prefix} in {namespace}"))
+    return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}
+
+
+def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -> Check:
+    """Ray dashboard /api/serve/applications/: prefill and decode replicas on different nodes."""
+    nodes: dict[str, set[str]] = {"Prefill": set(), "Decode": set()}
+    for app in serve_apps.get("applications", {}).values():
+        for name, deployment in app.get("deployments", {}).items():
+            phase = next((p for p in nodes if name.startswith(p)), None)
+            if phase is None:
+                continue
+            for replica in deployment.get("replicas", []):
+                ip = str(replica.get("node_ip"))
+                nodes[phase].add(pod_nodes.get(ip, f"ip {ip}"))
+    if not nodes["Prefill"] or not nodes["Decode"]:
+        return Check("replica placement", False, f"replicas not found: {nodes}")
+    shared = nodes["Prefill"] & nodes["Decode"]
+    detail = f"prefill on {sorted(nodes['Prefill'])}, decode on {sorted(nodes['Decode'])}"
+    return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))
+
+
+def run(args: argparse.Namespace) -> int:
+    from kubernetes import client, config
+
+    settings = load_config(args)
+    try:
+        config.load_kube_config(config_file=args.kubeconfig)
+    except Exception as error:  # the client raises several types for a missing or bad kubeconfig
+        console.print(f"verify failed: no usable kubeconfig ({error}). Fix: run the UpdateKubeconfigCommand output")
+        return 1
+    core = client.CoreV1Api()
+    checks, system_nodes = check_nodes(core)
+    pod_checks, pod_nodes = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
+    checks += pod_checks
+    try:
+        apps = httpx.get(f"{args.dashboard}/api/serve/applications/", timeout=30).json()
+        checks.append(check_replica_placement(apps, pod_nodes))
+    except httpx.HTTPError as error:
+        checks.append(Check("replica placement", False, f"Ray dashboard unreachable ({error}); port-forward 8265"))
+    if not args.skip_http:
+        try:
+            report = check_endpoint(args.endpoint, settings.model_id)
+            checks.append(Check("endpoint", True, f"models {report.models}; TTFT {report.ttft_s * 1000:.0f} ms"))
+        except (EndpointFailed, httpx.HTTPError) as error:
+            checks.append(Check("endpoint", False, f"{error}; port-forward 8000"))
+    rows = [[c.name, "[green]ok[/green]" if c.passed else "[red]FAIL[/red]", c.detail] for c in checks]
+    console.print(table("Verify", ["check", "result", "detail"], rows))
+    return 0 if all(c.passed for c in checks) else 1

@@ -1,0 +1,64 @@
+"""NVIDIA and EFA device plugins (Helm), on the GPU nodes only. The AL2023 NVIDIA AMI carries
+the drivers and the host EFA software but not the plugins that advertise
+``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa`` to the scheduler."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from . import versions
+from .gpu_node_group import GPU_NODE_LABELS
+
+NVIDIA_RELEASE = "nvidia-device-plugin"
+EFA_RELEASE = "aws-efa-k8s-device-plugin"
+NAMESPACE = "kube-system"
+
+# The chart's default affinity asks for Node Feature Discovery labels that EKS nodes do not
+# carry; a list in a Helm override replaces the chart's list, so this is the only term left.
+_GPU_NODE_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {"key": key, "operator": "In", "values": [value]} for key, value in GPU_NODE_LABELS.items()
+                    ]
+                }
+            ]
+        }
+    }
+}
+
+
+class GpuDevicePlugins(Construct):
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
+        super().__init__(scope, id)
+        self.nvidia = eks.HelmChart(
+            self,
+            "NvidiaDevicePlugin",
+            cluster=cluster,
+            chart="nvidia-device-plugin",
+            repository=versions.NVIDIA_DEVICE_PLUGIN_REPOSITORY,
+            version=versions.NVIDIA_DEVICE_PLUGIN_VERSION,
+            release=NVIDIA_RELEASE,
+            namespace=NAMESPACE,
+            values={"affinity": _GPU_NODE_AFFINITY},
+            wait=True,
+            timeout=Duration.minutes(10),
+        )
+        self.efa = eks.HelmChart(
+            self,
+            "EfaDevicePlugin",
+            cluster=cluster,
+            chart="aws-efa-k8s-device-plugin",
+            repository=versions.EFA_DEVICE_PLUGIN_REPOSITORY,
+            version=versions.EFA_DEVICE_PLUGIN_VERSION,
+            release=EFA_RELEASE,
+            namespace=NAMESPACE,
+            values={"nodeSelector": GPU_NODE_LABELS},
+            wait=True,
+            timeout=Duration.minutes(10),
+        )
+        self.charts = [self.nvidia, self.efa]

@@ -1,0 +1,101 @@
+"""GPU managed node group with one EFA interface per node, in one AZ and a cluster placement group.
+
+No CDK construct covers EFA node groups, so the launch template is written out: the EFA
+interface carries the security groups (EKS then adds none of its own, so the cluster security
+group is listed explicitly), and the launch template names no subnet (the node group does).
+"""
+
+from __future__ import annotations
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from ._private import nag
+from ._private.serving_props import gpu_node_labels
+from .config import DeploymentConfig, GpuGroup
+from .network import Network
+
+# What the device plugins select: every GPU node group carries it.
+GPU_NODE_LABELS = {"role": "gpu-worker"}
+# Pods reach IMDS through one extra network hop; 2 keeps IMDSv2 usable from them.
+_IMDS_HOP_LIMIT = 2
+
+
+class EfaGpuNodeGroup(Construct):
+    """One GPU group's nodes in the GPU subnet, each with an EFA interface."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeploymentConfig,
+        group: GpuGroup,
+        network: Network,
+        cluster: eks.Cluster,
+    ) -> None:
+        super().__init__(scope, id)
+        # EFA traffic must be allowed to and from the group itself; allow_all_outbound already
+        # covers the outbound half (CDK rejects a redundant all-traffic egress rule).
+        self.security_group = ec2.SecurityGroup(
+            self,
+            "EfaSecurityGroup",
+            vpc=network.vpc,
+            description="EFA: all traffic between GPU nodes",
+            allow_all_outbound=True,
+        )
+        self.security_group.add_ingress_rule(
+            self.security_group, ec2.Port.all_traffic(), "EFA and NCCL between GPU nodes"
+        )
+        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+
+        L = ec2.CfnLaunchTemplate
+        self.launch_template = L(
+            self,
+            "LaunchTemplate",
+            launch_template_data=L.LaunchTemplateDataProperty(
+                network_interfaces=[
+                    L.NetworkInterfaceProperty(
+                        device_index=0,
+                        network_card_index=0,
+                        interface_type="efa",
+                        groups=[self.security_group.security_group_id, cluster.cluster_security_group_id],
+                        delete_on_termination=True,
+                    )
+                ],
+                metadata_options=L.MetadataOptionsProperty(
+                    http_endpoint="enabled",
+                    http_tokens="required",
+                    http_put_response_hop_limit=_IMDS_HOP_LIMIT,
+                ),
+                block_device_mappings=[
+                    L.BlockDeviceMappingProperty(
+                        device_name="/dev/xvda",
+                        ebs=L.EbsProperty(
+                            volume_size=config.gpu_root_volume_gib,
+                            volume_type="gp3",
+                            encrypted=True,
+                            delete_on_termination=True,
+                        ),
+                    )
+                ],
+                placement=L.PlacementProperty(group_name=self.placement_group.ref),
+            ),
+        )
+        self.group = group
+        self.nodegroup = cluster.add_nodegroup_capacity(
+            "GpuNodeGroup" if group.shared else f"{group.name.capitalize()}GpuNodeGroup",
+            instance_types=[ec2.InstanceType(group.instance_type)],
+            ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.launch_template.ref,
+                version=self.launch_template.attr_latest_version_number,
+            ),
+            min_size=group.node_count,
+            desired_size=group.node_count,
+            max_size=group.node_count,
+            labels=gpu_node_labels(group),
+            subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
+        )
+        nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

@@ -1,0 +1,210 @@
+"""The RayService chart: a CPU-only Ray head and GPU workers running the P/D serve app.
+
+Every field is built from the typed props below; the KubeRay CRD schema test catches drift
+between these fields and the CRD version the operator installs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import cdk8s
+from constructs import Construct
+
+from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
+
+SERVE_PORT = 8000
+DASHBOARD_PORT = 8265
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """What both engines serve."""
+
+    model_id: str
+    model_source: str
+    max_model_len: int
+    dtype: str
+    gpu_memory_utilization: float
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One phase (prefill or decode)."""
+
+    replicas: int
+    tensor_parallel_size: int
+    enforce_eager: bool
+    # A Ray resource only this phase's worker group offers; pins its replicas there.
+    placement_resource: str | None = None
+
+
+@dataclass(frozen=True)
+class KvTransferSpec:
+    """How NIXL moves KV blocks from prefill to decode."""
+
+    backend: str
+    buffer_device: str
+
+
+@dataclass(frozen=True)
+class PodResources:
+    """Requests equal limits, so pods are Guaranteed and never evicted for memory first."""
+
+    cpu: int
+    memory_gib: int
+    gpus: int = 0
+    efa_interfaces: int = 0
+    shm_gib: int = 0
+
+    def as_k8s(self) -> dict[str, dict[str, Any]]:
+        amounts: dict[str, Any] = {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}
+        limits = dict(amounts)
+        if self.gpus:
+            limits["nvidia.com/gpu"] = self.gpus
+        if self.efa_interfaces:
+            limits["vpc.amazonaws.com/efa"] = self.efa_interfaces
+        return {"requests": amounts, "limits": limits}
+
+
+@dataclass(frozen=True)
+class WorkerGroupSpec:
+    """One Ray worker group: a pod per GPU node, pinned to its node group by labels."""
+
+    name: str
+    replicas: int
+    resources: PodResources
+    node_selector: dict[str, str]
+    # Ray logical resources the group's pods advertise (KubeRay `resources`).
+    ray_resources: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RayServiceProps:
+    name: str
+    namespace: str
+    image: str
+    ray_version: str
+    model: ModelSpec
+    prefill: EngineSpec
+    decode: EngineSpec
+    kv: KvTransferSpec
+    head: PodResources
+    workers: tuple[WorkerGroupSpec, ...]
+    hybrid_model: bool
+    system_node_selector: dict[str, str] = field(default_factory=lambda: {"role": "system"})
+
+    @property
+    def serve_service_name(self) -> str:
+        """The ClusterIP Service KubeRay creates in front of the serve app."""
+        return f"{self.name}-serve-svc"
+
+
+class RayServiceChart(cdk8s.Chart):
+    """Namespace plus RayService; applied as one manifest."""
+
+    def __init__(self, scope: Construct, id: str, *, props: RayServiceProps) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True)
+        self.props = props
+        cdk8s.ApiObject(
+            self,
+            "Namespace",
+            api_version="v1",
+            kind="Namespace",
+            metadata=cdk8s.ApiObjectMetadata(name=props.namespace),
+        )
+        service = cdk8s.ApiObject(
+            self,
+            "RayService",
+            api_version="ray.io/v1",
+            kind="RayService",
+            metadata=cdk8s.ApiObjectMetadata(name=props.name, namespace=props.namespace),
+        )
+        service.add_json_patch(cdk8s.JsonPatch.add("/spec", ray_service_spec(props)))
+
+
+def serve_config_yaml(props: RayServiceProps) -> str:
+    args = build_pd_serving_args(props.model, props.prefill, props.decode, props.kv)
+    return to_yaml(build_serve_config(args))
+
+
+def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
+    return {
+        "serveConfigV2": serve_config_yaml(props),
+        "rayClusterConfig": {
+            "rayVersion": props.ray_version,
+            "headGroupSpec": _head_group(props),
+            "workerGroupSpecs": [_worker_group(props, group) for group in props.workers],
+        },
+    }
+
+
+def _head_group(props: RayServiceProps) -> dict[str, Any]:
+    return {
+        # CPU-only head: it must never be picked for an engine replica.
+        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "serviceType": "ClusterIP",
+        "template": {
+            "spec": {
+                "nodeSelector": props.system_node_selector,
+                "containers": [
+                    {
+                        "name": "ray-head",
+                        "image": props.image,
+                        "resources": props.head.as_k8s(),
+                        "ports": [
+                            {"name": "gcs-server", "containerPort": 6379},
+                            {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+                            {"name": "client", "containerPort": 10001},
+                            {"name": "serve", "containerPort": SERVE_PORT},
+                        ],
+                    }
+                ],
+            }
+        },
+    }
+
+
+def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, Any]:
+    env: list[dict[str, Any]] = [
+        {"name": "FI_PROVIDER", "value": "efa"},
+        # NIXL advertises this address to its peer; the pod IP is the one EFA reaches.
+        {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+    ]
+    if props.hybrid_model:
+        env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})
+    spec: dict[str, Any] = {
+        "groupName": group.name,
+        "replicas": group.replicas,
+        "minReplicas": group.replicas,
+        "maxReplicas": group.replicas,
+        "rayStartParams": {},
+    }
+    if group.ray_resources:
+        spec["resources"] = group.ray_resources
+    return {
+        **spec,
+        "template": {
+            "spec": {
+                "nodeSelector": group.node_selector,
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": props.image,
+                        "env": env,
+                        "resources": group.resources.as_k8s(),
+                        # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
+                        "securityContext": {"privileged": True},
+                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                    }
+                ],
+                "volumes": [
+                    {
+                        "name": "dshm",
+                        "emptyDir": {"medium": "Memory", "sizeLimit": f"{group.resources.shm_gib}Gi"},
+                    }
+                ],
+            }
+        },
+    }

@@ -1,0 +1,77 @@
+"""The Ray Serve application (serveConfigV2) for prefill/decode disaggregation.
+
+Both engines come from one model description, so they cannot disagree on the model. The KV
+transfer settings sit inside ``engine_kwargs``: Ray Serve LLM 2.5x rejects a
+``kv_transfer_config`` beside them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from .ray_service import EngineSpec, KvTransferSpec, ModelSpec
+
+APP_NAME = "pd-openai"
+IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
+KV_CONNECTOR = "NixlConnector"
+# vLLM >= 0.30 deprecates kv_both for NixlConnector: prefill produces, decode consumes.
+_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+
+
+def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec) -> dict[str, Any]:
+    """One side's Ray Serve ``LLMConfig`` as a plain dict."""
+    config: dict[str, Any] = {
+        "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},
+        "deployment_config": {"num_replicas": engine.replicas},
+        "engine_kwargs": {
+            "max_model_len": model.max_model_len,
+            "dtype": model.dtype,
+            "gpu_memory_utilization": model.gpu_memory_utilization,
+            "enforce_eager": engine.enforce_eager,
+            "tensor_parallel_size": engine.tensor_parallel_size,
+            "kv_transfer_config": {
+                "kv_connector": KV_CONNECTOR,
+                "kv_role": _ROLES[phase],
+                "engine_id": phase,
+                "kv_buffer_device": kv.buffer_device,
+                "kv_connector_extra_config": {"backends": [kv.backend]},
+            },
+        },
+    }
+    if engine.placement_resource:
+        # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
+        bundle = {"GPU": 1, engine.placement_resource: 1}
+        config["placement_group_config"] = {"bundles": [bundle] * engine.tensor_parallel_size}
+    return config
+
+
+def build_pd_serving_args(
+    model: ModelSpec, prefill: EngineSpec, decode: EngineSpec, kv: KvTransferSpec
+) -> dict[str, Any]:
+    """The ``args`` of ``build_pd_openai_app`` (Ray's ``PDServingArgs``)."""
+    return {
+        "prefill_config": build_llm_config("prefill", model, prefill, kv),
+        "decode_config": build_llm_config("decode", model, decode, kv),
+    }
+
+
+def build_serve_config(pd_serving_args: dict[str, Any]) -> dict[str, Any]:
+    """The whole Serve config: one application on route ``/``."""
+    return {
+        "applications": [
+            {
+                "name": APP_NAME,
+                "import_path": IMPORT_PATH,
+                "route_prefix": "/",
+                "args": pd_serving_args,
+            }
+        ]
+    }
+
+
+def to_yaml(serve_config: dict[str, Any]) -> str:
+    """Stable YAML: key order as built, so ``cdk diff`` only moves when a value does."""
+    return yaml.safe_dump(serve_config, sort_keys=False, default_flow_style=False)

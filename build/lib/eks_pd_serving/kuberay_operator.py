@@ -1,0 +1,33 @@
+"""The KubeRay operator (Helm), on the system nodes. Helm installs its CRDs: at about 1 MB
+each they cannot travel through a CloudFormation-embedded manifest."""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_eks_v2 as eks
+from constructs import Construct
+
+from . import versions
+from .cluster import SYSTEM_NODE_LABELS
+
+RELEASE = "kuberay-operator"
+NAMESPACE = "kuberay-system"
+
+
+class KubeRayOperator(Construct):
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
+        super().__init__(scope, id)
+        self.chart = eks.HelmChart(
+            self,
+            "Resource",
+            cluster=cluster,
+            chart="kuberay-operator",
+            repository=versions.KUBERAY_CHART_REPOSITORY,
+            version=versions.KUBERAY_VERSION,
+            release=RELEASE,
+            namespace=NAMESPACE,
+            create_namespace=True,
+            values={"nodeSelector": SYSTEM_NODE_LABELS},
+            wait=True,
+            timeout=Duration.minutes(10),
+        )

@@ -1,0 +1,89 @@
+"""The VPC: public and private subnets in two or more AZs, NAT, flow logs."""
+
+from __future__ import annotations
+
+from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from .config import ConfigError, DeploymentConfig
+
+_DEFAULT_MAX_AZS = 2
+
+
+class Network(Construct):
+    """VPC for the cluster, new or brought; ``gpu_subnet`` is the one private subnet of the GPU
+    node groups."""
+
+    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
+        super().__init__(scope, id)
+        if vpc is not None:
+            # A brought VPC keeps its owner's NAT and flow-log setup; only its subnets are used.
+            self.vpc = vpc
+            self._check_brought_vpc(vpc)
+        else:
+            self.vpc = self._new_vpc(config)
+        # EFA does not cross AZs: the whole GPU group lives in one subnet. Without a named AZ
+        # the first private subnet is chosen, which is stable across synths.
+        self.gpu_subnet = self._gpu_subnet(config.gpu_availability_zone)
+
+    def _new_vpc(self, config: DeploymentConfig) -> ec2.IVpc:
+        azs = list(config.availability_zones) if config.availability_zones else None
+        vpc = ec2.Vpc(
+            self,
+            "Resource",
+            ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
+            availability_zones=azs,
+            max_azs=None if azs else _DEFAULT_MAX_AZS,
+            nat_gateways=config.nat_gateways,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
+                # /19: room for the VPC CNI's one IP per pod on every node.
+                ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19),
+            ],
+        )
+        self.flow_log_key = kms.Key(
+            self,
+            "FlowLogKey",
+            description="Encryption of the VPC flow log group",
+            enable_key_rotation=True,
+            removal_policy=RemovalPolicy.DESTROY,
+            pending_window=Duration.days(30),
+        )
+        self.flow_log_key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com"))
+        self.flow_log_group = logs.LogGroup(
+            self,
+            "FlowLogGroup",
+            encryption_key=self.flow_log_key,
+            retention=logs.RetentionDays.ONE_YEAR,
+            removal_policy=RemovalPolicy.DESTROY,
+        )
+        vpc.add_flow_log(
+            "FlowLog",
+            traffic_type=ec2.FlowLogTrafficType.ALL,
+            destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_log_group),
+        )
+        return vpc
+
+    @staticmethod
+    def _check_brought_vpc(vpc: ec2.IVpc) -> None:
+        azs = {subnet.availability_zone for subnet in vpc.private_subnets}
+        if len(vpc.private_subnets) < 2 or len(azs) < 2:
+            raise ConfigError(
+                f"vpc={vpc.node.path}: has {len(vpc.private_subnets)} private subnet(s) in {len(azs)} AZ(s); "
+                "EKS needs private subnets in at least two AZs. Fix: bring a VPC with private subnets in two AZs"
+            )
+
+    def _gpu_subnet(self, availability_zone: str | None) -> ec2.ISubnet:
+        if availability_zone is None:
+            return self.vpc.private_subnets[0]
+        selected = [s for s in self.vpc.private_subnets if s.availability_zone == availability_zone]
+        if not selected:
+            raise ConfigError(
+                f"gpu_availability_zone={availability_zone!r} has no private subnet in the VPC. "
+                "Fix: choose an AZ the VPC has a private subnet in"
+            )
+        return selected[0]

@@ -1,0 +1,78 @@
+"""The whole deployment as one construct: VPC to RayService. This is what an account-vending
+pipeline imports; `app.py` is one user of it."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from .cluster import EksCluster
+from .config import ConfigError, DeploymentConfig
+from .device_plugins import GpuDevicePlugins
+from .gpu_node_group import EfaGpuNodeGroup
+from .kuberay_operator import KubeRayOperator
+from .network import Network
+from .ray_service import RayServiceManifest
+
+
+class PdServing(Construct):
+    """Prefill/decode LLM serving on EKS.
+
+    :param config: every setting, validated (``DeploymentConfig.create(...)`` or
+        ``DeploymentConfig.from_context(...)``); its fields document their defaults.
+    :param vpc: an existing VPC with private subnets (with egress) in two or more AZs.
+        Default: a new VPC (10.0.0.0/16, public and private subnets in two AZs, NAT, flow logs).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
+        super().__init__(scope, id)
+        self.config = config
+        self._refuse_duplicate_cluster_name()
+        self.network = Network(self, "Network", config=config, vpc=vpc)
+        self.eks = EksCluster(self, "Cluster", config=config, network=self.network)
+        cluster = self.eks.cluster
+        # Ids are part of the contract: the shared group keeps "GpuNodes" (the walkthrough's
+        # layout); per-phase groups are "PrefillGpuNodes" and "DecodeGpuNodes".
+        self.gpu_node_groups = [
+            EfaGpuNodeGroup(
+                self,
+                "GpuNodes" if group.shared else f"{group.name.capitalize()}GpuNodes",
+                config=config,
+                group=group,
+                network=self.network,
+                cluster=cluster,
+            )
+            for group in config.gpu_groups
+        ]
+        self.gpu_nodes = self.gpu_node_groups[0]
+        gpu_nodegroups = [group.nodegroup for group in self.gpu_node_groups]
+        for nodegroup in gpu_nodegroups:
+            for addon in self.eks.node_addons:
+                nodegroup.node.add_dependency(addon)
+
+        self.kuberay = KubeRayOperator(self, "KubeRay", cluster=self.eks.handle)
+        self.kuberay.node.add_dependency(self.eks.system_nodes)
+        self.device_plugins = GpuDevicePlugins(self, "DevicePlugins", cluster=self.eks.handle)
+        for nodegroup in gpu_nodegroups:
+            self.device_plugins.node.add_dependency(nodegroup)
+
+        self.ray_service = RayServiceManifest(
+            self,
+            "RayService",
+            config=config,
+            cluster=cluster,
+            depends_on=[self.kuberay, self.device_plugins, self.eks.system_nodes, *gpu_nodegroups],
+        )
+
+    def _refuse_duplicate_cluster_name(self) -> None:
+        """Two deployments in one app must not share an EKS cluster name (it is physical)."""
+        for other in self.node.root.node.find_all():
+            if (
+                isinstance(other, PdServing)
+                and other is not self
+                and other.config.cluster_name == self.config.cluster_name
+            ):
+                raise ConfigError(
+                    f"cluster_name={self.config.cluster_name!r} is already used by {other.node.path} in this app. "
+                    "Fix: give each deployment its own cluster_name"
+                )

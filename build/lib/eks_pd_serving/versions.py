@@ -1,0 +1,69 @@
+"""Versions that must move together, in one place.
+
+Each group below is pinned as a unit: bump one member and the test suite tells you which other
+one has to follow (see tests/test_versions.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+# aws-cdk-lib is pinned in requirements.txt; the Kubernetes versions it knows end at 1.36.
+AWS_CDK_LIB_VERSION: Final = "2.275.0"
+
+
+@dataclass(frozen=True)
+class KubernetesRelease:
+    """One EKS Kubernetes minor version and the kubectl/helm Lambda layer that matches it."""
+
+    version: str
+    kubectl_layer_module: str
+    kubectl_layer_class: str
+    kubectl_layer_package: str
+
+
+def _release(minor: int) -> KubernetesRelease:
+    return KubernetesRelease(
+        version=f"1.{minor}",
+        kubectl_layer_module=f"aws_cdk.lambda_layer_kubectl_v{minor}",
+        kubectl_layer_class=f"KubectlV{minor}Layer",
+        kubectl_layer_package=f"aws-cdk.lambda-layer-kubectl-v{minor}",
+    )
+
+
+# Versions EKS still creates on 2026-11-29 and aws-cdk-lib 2.275 knows; each layer package is
+# pinned in requirements.txt.
+KUBERNETES_RELEASES: Final = {r.version: r for r in map(_release, range(32, 37))}
+DEFAULT_KUBERNETES_VERSION: Final = "1.35"
+
+# EKS no longer creates clusters at these versions (end of extended support).
+RETIRED_KUBERNETES_VERSIONS: Final = {
+    "1.29": "2026-03-23",
+    "1.30": "2026-07-23",
+    "1.31": "2026-11-26",
+}
+
+# KubeRay: the Helm chart and the CRDs it installs are one release; the schema test reads the
+# CRDs of exactly this version from ../shared/kuberay/<KUBERAY_VERSION>/.
+KUBERAY_VERSION: Final = "1.7.0"
+KUBERAY_CHART_REPOSITORY: Final = "https://ray-project.github.io/kuberay-helm/"
+
+# Device plugins. NVIDIA 0.19.0-0.19.2 conflict with the EFA plugin; 0.20.0 does not.
+NVIDIA_DEVICE_PLUGIN_VERSION: Final = "0.20.0"
+NVIDIA_DEVICE_PLUGIN_REPOSITORY: Final = "https://nvidia.github.io/k8s-device-plugin"
+EFA_DEVICE_PLUGIN_VERSION: Final = "v0.5.8"
+EFA_DEVICE_PLUGIN_REPOSITORY: Final = "https://aws.github.io/eks-charts"
+
+# The serving image and the Ray version inside it: AWS Ray LLM DLC v1.0 carries Ray 2.58.0,
+# vLLM 0.26.0, CUDA 13.0.2, Python 3.13. rayVersion in the RayService must equal RAY_VERSION.
+RAY_IMAGE_ACCOUNT: Final = "763104351884"
+RAY_IMAGE_REPOSITORY: Final = "ray"
+RAY_IMAGE_TAG: Final = "serve-llm-cuda-v1.0"
+RAY_VERSION: Final = "2.58.0"
+VLLM_VERSION_IN_IMAGE: Final = "0.26.0"
+
+
+def ray_image_uri(region: str) -> str:
+    """The Ray LLM DLC image in ``region`` (a CloudFormation token is fine)."""
+    return f"{RAY_IMAGE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{RAY_IMAGE_REPOSITORY}:{RAY_IMAGE_TAG}"
