@@ -62,8 +62,12 @@ EXAMPLE = ROOT / "examples" / "account_vending"
 def installed_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The repository built as a wheel and installed into a folder of its own."""
     build = tmp_path_factory.mktemp("wheel")
+    # Build from a copy: setuptools writes build/ and *.egg-info beside the sources.
+    source = tmp_path_factory.mktemp("source") / "eks-pd-serving"
+    skip = shutil.ignore_patterns(".git", ".venv*", "node_modules", "cdk.out", "build", ".rehearsal", "*.egg-info")
+    shutil.copytree(ROOT, source, ignore=skip)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(build), str(source)],
         check=True, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     (wheel,) = build.glob("eks_pd_serving-*.whl")
