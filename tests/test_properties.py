@@ -1,6 +1,7 @@
 """Property-based bad input: every generated configuration either synthesizes a template that
 passes the structural checks, or fails with the project's one-line error naming a setting;
-never another exception, never a partial cdk.out."""
+never another exception, never a partial cdk.out. Derandomized: CI sees the same cases every
+run, so a failure reproduces; widen max_examples locally to explore further."""
 
 from __future__ import annotations
 
@@ -131,7 +132,9 @@ COUNTS = {"model": 0, "model_valid": 0, "synth": 0, "synth_valid": 0}
 
 
 def test_config_model_on_a_thousand_generated_cases() -> None:
-    @settings(max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(
+        max_examples=1200, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True
+    )
     @given(configurations())
     def check(context: dict[str, Any]) -> None:
         config, message = outcome(context)
@@ -185,7 +188,7 @@ def check_template(template_file: Path, config: DeploymentConfig) -> None:
 
 
 def test_app_end_to_end_on_a_sample_of_generated_cases() -> None:
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     @given(configurations(plausible_percent=80))
     def check(context: dict[str, Any]) -> None:
         config, message = outcome(context)
