@@ -57,7 +57,7 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
     return totals
 
 
-def settled_counters(metrics_url: str, quiet_s: float = 1.0, limit_s: float = 30.0) -> dict[str, float]:
+def settled_counters(metrics_url: str, quiet_s: float = 2.0, limit_s: float = 30.0) -> dict[str, float]:
     """Counters once no engine has exported a change for ``quiet_s`` (several export intervals,
     so every engine process flushed at least once since the last change)."""
     deadline = time.monotonic() + limit_s
