@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,14 @@ def template(default_stack: PdServingStack) -> Template:
 @pytest.fixture(scope="session")
 def stack_factory() -> Callable[..., PdServingStack]:
     return build_stack
+
+
+def run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
+    """app.py exactly as the CDK CLI runs it: context in CDK_CONTEXT_JSON, output in CDK_OUTDIR."""
+    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(outdir)}
+    return subprocess.run(
+        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
 
 
 def synth_assembly(outdir: Path, nag: bool = True, **settings: Any) -> Path:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import aws_cdk as cdk
+import conftest
 import pytest
 from conftest import ROOT
 
@@ -29,18 +29,11 @@ ENV = {
 
 
 def run_app(tmp_path: Path, context: dict[str, object]) -> subprocess.CompletedProcess[str]:
-    """app.py exactly as the CDK CLI runs it (context in CDK_CONTEXT_JSON, output in CDK_OUTDIR)."""
-    env = {**ENV, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(tmp_path / "out")}
     (tmp_path / "out").mkdir()
-    return subprocess.run(
-        [sys.executable, "app.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in ENV.items():
+            patch.setenv(key, value)
+        return conftest.run_app(context, tmp_path / "out")
 
 
 def test_bad_setting_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:

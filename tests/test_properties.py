@@ -6,7 +6,6 @@ run, so a failure reproduces; widen max_examples locally to explore further."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -14,7 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conftest import ROOT
+from conftest import run_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -152,24 +151,6 @@ def test_config_model_on_a_thousand_generated_cases() -> None:
     assert 0 < COUNTS["model_valid"] < COUNTS["model"]
 
 
-def run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "CDK_CONTEXT_JSON": json.dumps({k: v for k, v in context.items() if k != "_plausible"}),
-        "CDK_OUTDIR": str(outdir),
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    }
-    return subprocess.run(
-        [sys.executable, "app.py"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-
-
 def check_template(template_file: Path, config: DeploymentConfig) -> None:
     template = json.loads(template_file.read_text())
     assert template_file.stat().st_size < 800_000 and len(template["Resources"]) < 400
@@ -194,7 +175,7 @@ def test_app_end_to_end_on_a_sample_of_generated_cases() -> None:
         config, message = outcome(context)
         with tempfile.TemporaryDirectory() as tmp:
             outdir = Path(tmp)
-            result = run_app(context, outdir)
+            result = run_app({k: v for k, v in context.items() if k != "_plausible"}, outdir)
             COUNTS["synth"] += 1
             assert "Traceback" not in result.stderr
             if config is None:

@@ -8,15 +8,12 @@ import os
 import subprocess
 from pathlib import Path
 
-import aws_cdk as cdk
 import psutil
 import pytest
 import yaml
 from conftest import ROOT
 
-from eks_pd_serving.config import DeploymentConfig
 from rehearsal import profile
-from stacks.pd_serving_stack import PdServingStack
 
 PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))
 MARKER = "EKS_PD_REHEARSAL_RUN"
@@ -25,15 +22,6 @@ pytestmark = [
     pytest.mark.rehearsal,
     pytest.mark.skipif(not PYTHON.exists(), reason=f"{PYTHON} missing: `make rehearse` installs it"),
 ]
-
-
-@pytest.fixture(scope="module")
-def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cdk.out")
-    app = cdk.App(outdir=str(out))
-    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig())
-    app.synth()
-    return out / "RayLlmPdServing.template.json"
 
 
 def rehearse(tmp_path: Path, template: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -7,21 +7,9 @@ import copy
 from pathlib import Path
 from typing import Any
 
-import aws_cdk as cdk
 import pytest
 
-from eks_pd_serving.config import DeploymentConfig
 from rehearsal import profile, verdict
-from stacks.pd_serving_stack import PdServingStack
-
-
-@pytest.fixture(scope="module")
-def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cdk.out")
-    app = cdk.App(outdir=str(out))
-    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig())
-    app.synth()
-    return out / "RayLlmPdServing.template.json"
 
 
 def test_reads_the_ray_service_cdk_synth_wrote(template_file: Path) -> None:

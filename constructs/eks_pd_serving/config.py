@@ -544,9 +544,10 @@ class DeploymentConfig(BaseModel):
     def model_facts(self) -> ModelFacts | None:
         return MODELS.get(self.model_source)
 
-    def sizing(self, phase: str) -> Sizing | None:
-        """Per-GPU memory estimate of one engine of ``phase``; None for models not in the catalog."""
-        facts = self.model_facts
+    def sizing(self, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
+        """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's
+        entry of the model; None for a model in neither."""
+        facts = facts or self.model_facts
         if facts is None:
             return None
         return size(

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import ModelFacts
-from ..sizing import size
 from ._common import add_config_arguments, console, load_config
 
 
@@ -57,14 +56,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     ok = True
     for phase in ("prefill", "decode"):
-        sizing = size(
-            facts,
-            config.gpu_group(phase).instance,
-            dtype=config.dtype,
-            tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            max_model_len=config.max_model_len,
-        )
+        sizing = config.sizing(phase, facts)
+        assert sizing is not None
         console.print(
             f"[bold]{phase}[/bold]: {config.model_source} on {config.gpu_group(phase).instance_type}, per GPU"
         )
