@@ -20,6 +20,15 @@ from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
 ROOT = Path(__file__).resolve().parents[1]
+# A process environment with no AWS credentials or config at all: synth and the CLI's offline
+# paths must work in it.
+NO_AWS_ENV = {
+    **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
+    "AWS_CONFIG_FILE": "/dev/null",
+    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+}
 SHARED = ROOT.parent / "shared"
 
 

@@ -3,29 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import aws_cdk as cdk
 import conftest
 import pytest
-from conftest import ROOT
+from conftest import NO_AWS_ENV, ROOT
 
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
 CDK = ROOT / "node_modules" / ".bin" / "cdk"
-ENV = {
-    **os.environ,
-    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    # No credentials: synth must not need them.
-    "AWS_ACCESS_KEY_ID": "",
-    "AWS_SECRET_ACCESS_KEY": "",
-    "AWS_PROFILE": "",
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-}
+ENV = NO_AWS_ENV
 
 
 def run_app(tmp_path: Path, context: dict[str, object]) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -18,21 +17,14 @@ from urllib.parse import parse_qs, urlparse
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import ROOT, synth_assembly
+from conftest import NO_AWS_ENV, ROOT, synth_assembly
 from moto import mock_aws
 
 from eks_pd_serving.cli import cost, k8s_diff, preflight, verify
 from eks_pd_serving.config import DeploymentConfig
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
-CLEAN_ENV = {
-    **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-    "COLUMNS": "200",
-}
+CLEAN_ENV = {**NO_AWS_ENV, "COLUMNS": "200"}
 
 
 def cli(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -143,7 +143,8 @@ def test_config_model_on_a_thousand_generated_cases() -> None:
             assert_good_error(message)
         else:
             COUNTS["model_valid"] += 1
-            assert config.gpus_wanted <= config.gpu_instance.gpus * config.gpu_node_count
+            for group in config.gpu_groups:
+                assert sum(config.gpus_for(p) for p in group.phases) <= group.instance.gpus * group.node_count
 
     check()
     print(f"\nconfig model: {COUNTS['model']} generated cases, {COUNTS['model_valid']} valid")

@@ -533,14 +533,6 @@ class DeploymentConfig(BaseModel):
 
     # --- derived facts -----------------------------------------------------------------------
     @property
-    def gpu_instance(self) -> InstanceFacts:
-        return INSTANCE_TYPES[self.gpu_instance_type]
-
-    @property
-    def system_instance(self) -> InstanceFacts:
-        return INSTANCE_TYPES[self.system_instance_type]
-
-    @property
     def model_facts(self) -> ModelFacts | None:
         return MODELS.get(self.model_source)
 
