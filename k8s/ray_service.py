@@ -56,7 +56,16 @@ class PodResources:
     memory_gib: int
     gpus: int = 0
     efa_interfaces: int = 0
+    # Memory-backed /dev/shm; Ray's object store is set to fit inside it (object_store_bytes).
     shm_gib: int = 0
+
+    @property
+    def object_store_bytes(self) -> int:
+        """Ray's object store, set inside /dev/shm. Left to itself Ray 2.58 takes 30% of the pod's
+        memory, capped by what /dev/shm holds at start but never below 10 GB, so a head with a
+        container's 64 MiB /dev/shm puts its store in /tmp and warns. A tenth of /dev/shm stays
+        free for NCCL and vLLM's shared-memory queues."""
+        return self.shm_gib * 2**30 * 9 // 10
 
     def as_k8s(self) -> dict[str, dict[str, Any]]:
         amounts: dict[str, Any] = {"cpu": str(self.cpu), "memory": f"{self.memory_gib}Gi"}
@@ -93,6 +102,8 @@ class RayServiceProps:
     head: PodResources
     workers: tuple[WorkerGroupSpec, ...]
     hybrid_model: bool
+    # KubeRay upgradeStrategy.type: None (serve config in place) or NewCluster (blue/green).
+    upgrade_strategy: str = "None"
     system_node_selector: dict[str, str] = field(default_factory=lambda: {"role": "system"})
 
     @property
@@ -131,6 +142,7 @@ def serve_config_yaml(props: RayServiceProps) -> str:
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
     return {
+        "upgradeStrategy": {"type": props.upgrade_strategy},
         "serveConfigV2": serve_config_yaml(props),
         "rayClusterConfig": {
             "rayVersion": props.ray_version,
@@ -143,7 +155,11 @@ def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
 def _head_group(props: RayServiceProps) -> dict[str, Any]:
     return {
         # CPU-only head: it must never be picked for an engine replica.
-        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "rayStartParams": {
+            "num-gpus": "0",
+            "dashboard-host": "0.0.0.0",
+            "object-store-memory": str(props.head.object_store_bytes),
+        },
         "serviceType": "ClusterIP",
         "template": {
             "spec": {
@@ -159,11 +175,21 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
                             {"name": "client", "containerPort": 10001},
                             {"name": "serve", "containerPort": SERVE_PORT},
                         ],
+                        "volumeMounts": [_SHM_MOUNT],
                     }
                 ],
+                "volumes": [_shm_volume(props.head)],
             }
         },
     }
+
+
+_SHM_MOUNT = {"name": "dshm", "mountPath": "/dev/shm"}
+
+
+def _shm_volume(resources: PodResources) -> dict[str, Any]:
+    # A container's own /dev/shm is 64 MiB; Ray's object store and NCCL need more.
+    return {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{resources.shm_gib}Gi"}}
 
 
 def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, Any]:
@@ -179,7 +205,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         "replicas": group.replicas,
         "minReplicas": group.replicas,
         "maxReplicas": group.replicas,
-        "rayStartParams": {},
+        "rayStartParams": {"object-store-memory": str(group.resources.object_store_bytes)},
     }
     if group.ray_resources:
         spec["resources"] = group.ray_resources
@@ -196,15 +222,10 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
                         "resources": group.resources.as_k8s(),
                         # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
                         "securityContext": {"privileged": True},
-                        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}],
+                        "volumeMounts": [_SHM_MOUNT],
                     }
                 ],
-                "volumes": [
-                    {
-                        "name": "dshm",
-                        "emptyDir": {"medium": "Memory", "sizeLimit": f"{group.resources.shm_gib}Gi"},
-                    }
-                ],
+                "volumes": [_shm_volume(group.resources)],
             }
         },
     }

@@ -18,11 +18,17 @@ class PdServingStack(Stack):
         self.serving = PdServing(self, "PdServing", config=config)
         props = self.serving.ray_service.props
         region = config.region or Aws.REGION
+        admin_role_arn = self.serving.eks.admin_role_arn
         CfnOutput(self, "ClusterName", value=config.cluster_name)
+        CfnOutput(self, "ClusterAdminRoleArn", value=admin_role_arn)
+        # kubectl then authenticates as the admin role (aws eks get-token --role-arn): the
+        # person running it needs sts:AssumeRole on it, nothing in the cluster.
         CfnOutput(
             self,
             "UpdateKubeconfigCommand",
-            value=f"aws eks update-kubeconfig --name {config.cluster_name} --region {region}",
+            value=(
+                f"aws eks update-kubeconfig --name {config.cluster_name} --region {region} --role-arn {admin_role_arn}"
+            ),
         )
         CfnOutput(
             self,

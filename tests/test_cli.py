@@ -70,9 +70,9 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     lines, label = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     hourly = sum(line.hourly for line in lines)
     # EKS 0.10 + NAT 0.045 + m7i.xlarge 0.2016 + 2 x g6.8xlarge 2.0144
-    # + gp3 (20 + 2 x 200 GiB) x 0.08 / 720 h + 2 KMS keys x 1.00 / 720 h
-    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 420 * 0.08 / 720 + 2 / 720)
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3185.89, abs=0.01)
+    # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h + 3 KMS keys (secrets, flow logs, logs) x 1.00 / 720 h
+    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 3 / 720)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3193.29, abs=0.01)
     assert "us-east-1" in label
 
 
@@ -91,7 +91,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,185.89" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,193.29" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------
@@ -170,7 +170,7 @@ def test_preflight_resolves_the_gpu_az_and_passes(aws: None, tmp_path: Path) -> 
     result = run_check("us-east-1", quota=64)
     assert result.ok
     assert (result.gpu_az, result.availability_zones) == ("us-east-1a", ["us-east-1a", "us-east-1b"])
-    assert ("G/VT vCPU quota", True, "64 available, 64 needed (2 x 32 vCPUs).") in result.checks
+    assert ("G/VT vCPU quota", True, "64 free (64 quota - 0 running), 64 needed (2 x 32 vCPUs)") in result.checks
     path = preflight.write_context(tmp_path, result)
     context = json.loads(path.read_text())
     assert DeploymentConfig.from_context(context).gpu_availability_zone == "us-east-1a"
@@ -181,7 +181,18 @@ def test_preflight_fails_on_a_low_quota_with_the_fix(aws: None) -> None:
     result = run_check("us-east-1", quota=32)
     assert not result.ok
     (quota,) = [c for c in result.checks if c[0] == "G/VT vCPU quota"]
-    assert quota[1] is False and "Fix: request 64 vCPUs for quota L-DB2E81BA" in quota[2]
+    assert quota[1] is False and "Fix: request a G/VT quota of at least 64 vCPUs (L-DB2E81BA" in quota[2]
+
+
+def test_preflight_checks_each_group_of_the_per_phase_layout(aws: None) -> None:
+    bootstrap("us-east-1")
+    result = run_check(
+        "us-east-1", quota=96, gpu_layout="per_phase", prefill_gpu_node_count=2, decode_gpu_instance_type="g6e.8xlarge"
+    )
+    checks = {name: (passed, detail) for name, passed, detail in result.checks}
+    assert checks["EFA support (g6e.8xlarge)"][0] and checks["GPU AZ (g6.8xlarge)"][0]
+    # 2 prefill g6.8xlarge + 1 decode g6e.8xlarge, 32 vCPUs each
+    assert checks["G/VT vCPU quota"] == (True, "96 free (96 quota - 0 running), 96 needed (2 x 32 + 1 x 32 vCPUs)")
 
 
 def test_preflight_fails_without_the_bootstrap_stack(aws: None) -> None:
@@ -191,7 +202,7 @@ def test_preflight_fails_without_the_bootstrap_stack(aws: None) -> None:
 
 
 def test_preflight_in_a_region_without_the_gpu_type(aws: None) -> None:
-    with pytest.raises(preflight.PreflightFailed, match=r"g6.8xlarge is not offered in any AZ of af-south-1"):
+    with pytest.raises(preflight.PreflightFailed, match=r"no AZ of af-south-1 offers g6.8xlarge"):
         run_check("af-south-1", quota=64)
 
 

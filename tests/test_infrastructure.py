@@ -91,21 +91,21 @@ def test_managed_addons_are_installed(template: Template) -> None:
     assert names == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"}
 
 
-def test_admin_role_gets_an_access_entry_only_when_set(stack_factory: Callable[..., PdServingStack]) -> None:
+def test_a_named_admin_role_gets_the_access_entry_and_no_role_is_created(
+    stack_factory: Callable[..., PdServingStack],
+) -> None:
     arn = "arn:aws:iam::123456789012:role/PlatformAdmin"
-    template = Template.from_stack(stack_factory(admin_role_arn=arn))
+    stack = stack_factory(admin_role_arn=arn)
+    template = Template.from_stack(stack)
     entries = template.find_resources("AWS::EKS::AccessEntry", {"Properties": {"PrincipalArn": arn}})
     (entry,) = entries.values()
     (policy,) = entry["Properties"]["AccessPolicies"]
     assert policy["AccessScope"] == {"Type": "cluster"}
     assert "policy/AmazonEKSClusterAdminPolicy" in json.dumps(policy["PolicyArn"])
-
-
-def test_no_admin_access_entry_by_default(template: Template) -> None:
-    entries = template.find_resources("AWS::EKS::AccessEntry")
-    assert all("PlatformAdmin" not in str(e) for e in entries.values())
-    # The only entry is the kubectl handler's own.
-    assert len(entries) == 1
+    assert stack.serving.eks.admin_role is None
+    assert len(template.find_resources("AWS::EKS::AccessEntry")) == 2  # this role's and the kubectl handler's
+    (*_, tail) = template.to_json()["Outputs"]["UpdateKubeconfigCommand"]["Value"]["Fn::Join"][1]
+    assert tail == f" --role-arn {arn}"
 
 
 def test_system_node_group(template: Template) -> None:
@@ -248,16 +248,23 @@ def test_node_groups_wait_for_cni_and_coredns_waits_for_nodes(
     assert logical_id(serving.eks.system_nodes) in _depends_on(template, logical_id(core_dns))
 
 
-def test_outputs_tell_the_user_what_to_run_next(template: Template) -> None:
+def test_outputs_tell_the_user_what_to_run_next(default_stack: PdServingStack, template: Template) -> None:
     outputs = template.to_json()["Outputs"]
     assert outputs["ClusterName"]["Value"] == "ray-llm-multinode"
     kubeconfig = outputs["UpdateKubeconfigCommand"]["Value"]
+    role_arn = {"Fn::GetAtt": [logical_id(default_stack.serving.eks.admin_role), "Arn"]}
     assert kubeconfig == {
         "Fn::Join": [
             "",
-            ["aws eks update-kubeconfig --name ray-llm-multinode --region ", {"Ref": "AWS::Region"}],
+            [
+                "aws eks update-kubeconfig --name ray-llm-multinode --region ",
+                {"Ref": "AWS::Region"},
+                " --role-arn ",
+                role_arn,
+            ],
         ]
     }
+    assert outputs["ClusterAdminRoleArn"]["Value"] == role_arn
     assert outputs["PortForwardCommand"]["Value"] == "kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000"
     assert '"model": "qwen3.5-9b"' in outputs["ChatCompletionsCurl"]["Value"]
     assert outputs["ChatCompletionsCurl"]["Value"].startswith("curl -s http://localhost:8000/v1/chat/completions")

@@ -54,9 +54,14 @@ def test_each_phase_gets_its_own_efa_node_group(stack: PdServingStack, template:
     assert (
         groups["prefill"]["Subnets"] == groups["decode"]["Subnets"] == [{"Ref": logical_id(serving.network.gpu_subnet)}]
     )
-    template.resource_count_is("AWS::EC2::LaunchTemplate", 2)
     template.resource_count_is("AWS::EC2::PlacementGroup", 2)
-    for lt in template.find_resources("AWS::EC2::LaunchTemplate").values():
+    efa_templates = [
+        lt
+        for lt in template.find_resources("AWS::EC2::LaunchTemplate").values()
+        if "NetworkInterfaces" in lt["Properties"]["LaunchTemplateData"]
+    ]
+    assert len(efa_templates) == 2  # the system group's template has no interfaces
+    for lt in efa_templates:
         assert lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"][0]["InterfaceType"] == "efa"
 
 
@@ -183,7 +188,7 @@ def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
     PdServingStack(app, "TeamA", config=small)
     PdServingStack(app, "TeamB", config=large)
     app.synth()
-    names: dict[str, set[str]] = {"cluster": set(), "release": set()}
+    names: dict[str, set[str]] = {"cluster": set(), "release": set(), "log": set()}
     for stack in ("TeamA", "TeamB"):
         template = json.loads((tmp_path / f"{stack}.template.json").read_text())
         for resource in template["Resources"].values():
@@ -192,10 +197,15 @@ def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
                 names["cluster"].add(props["Name"])
             if resource["Type"] == "Custom::AWSCDK-EKS-HelmChart":
                 names["release"].add(f"{stack}:{json.dumps(props['ClusterName'])}/{props['Release']}")
-            # Physical names that would collide across stacks: none set beyond the cluster's.
-            for key in ("RoleName", "FunctionName", "LogGroupName", "AliasName", "NodegroupName"):
+            # Physical names that would collide across stacks: none set beyond the cluster's own
+            # (its control-plane log group is named by EKS after the cluster).
+            if resource["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in props:
+                names["log"].add(props["LogGroupName"])
+                continue
+            for key in ("RoleName", "FunctionName", "AliasName", "NodegroupName"):
                 assert not isinstance(props.get(key), str), f"{stack}: fixed {key} {props.get(key)}"
     assert names["cluster"] == {"team-a", "team-b"}
+    assert names["log"] == {"/aws/eks/team-a/cluster", "/aws/eks/team-b/cluster"}
     assert len(names["release"]) == 6  # three releases per cluster, each cluster its own
 
 

@@ -105,3 +105,55 @@ def test_ray_rejects_a_broken_serve_config(
     result = run_ray_check(tmp_path, _edit_args(ray_service(), edit))
     assert result.returncode == 1
     assert "rejected by Ray" in result.stderr and message in result.stderr, result.stderr
+
+
+# Ray 2.58's own decision, with /dev/shm and the memory Ray sees patched to a pod's: where the
+# object store goes with the synthesized rayStartParams, and where it would go without them.
+_PLASMA_PROBE = """
+import json, sys, tempfile
+import ray._common.utils, ray._private.utils
+from ray._private import services
+pods, out, tmp = json.load(sys.stdin), [], tempfile.mkdtemp()
+for pod in pods:
+    ray._private.utils.get_shared_memory_bytes = lambda: pod["shm"]
+    ray._common.utils.get_system_memory = lambda: pod["memory"]
+    default = ray._private.utils.resolve_object_store_memory(pod["memory"], None)
+    result = {}
+    for label, size in (("explicit", pod["store"]), ("default", default)):
+        try:
+            result[label] = services.determine_plasma_store_config(size, temp_dir=tmp)[0].replace(tmp, "<temp_dir>")
+        except ValueError as error:
+            result[label] = "refused: " + str(error)[:60]
+    out.append(result)
+print(json.dumps(out))
+"""
+
+
+def _gib(quantity: str) -> int:
+    return int(quantity.removesuffix("Gi")) * 2**30
+
+
+def test_ray_puts_each_pods_object_store_in_dev_shm(stack_factory: Callable[..., Any]) -> None:
+    from aws_cdk.assertions import Template
+
+    from eks_pd_serving.assembly import kubernetes_objects
+
+    service = next(
+        o for o in kubernetes_objects(Template.from_stack(stack_factory()).to_json()) if o["kind"] == "RayService"
+    )
+    cluster = service["spec"]["rayClusterConfig"]
+    pods = []
+    for group in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"]):
+        spec = group["template"]["spec"]
+        memory = _gib(spec["containers"][0]["resources"]["limits"]["memory"])
+        shm = _gib(spec["volumes"][0]["emptyDir"]["sizeLimit"])
+        pods.append({"memory": memory, "shm": shm, "store": int(group["rayStartParams"]["object-store-memory"])})
+    # The head without our volume: a container's own 64 MiB /dev/shm (the control).
+    pods.append({**pods[0], "shm": 64 * 2**20})
+    result = subprocess.run(
+        [str(RAY_PYTHON), "-c", _PLASMA_PROBE], input=json.dumps(pods), capture_output=True, text=True, check=True
+    )
+    head, *workers, bare_head = json.loads(result.stdout)
+    assert head["explicit"] == "/dev/shm" and all(w["explicit"] == "/dev/shm" for w in workers)
+    # Without the volume Ray's default store (30% of 8 GiB) does not fit a 64 MiB /dev/shm: /tmp.
+    assert bare_head["default"] == "<temp_dir>"

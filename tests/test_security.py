@@ -34,14 +34,16 @@ def test_nodes_are_in_private_subnets_without_public_ips(template: Template) -> 
         for ref in node_group["Properties"]["Subnets"]:
             assert subnets[ref["Ref"]]["Properties"]["MapPublicIpOnLaunch"] is False
     for lt in resources(template, "AWS::EC2::LaunchTemplate").values():
-        for interface in lt["Properties"]["LaunchTemplateData"]["NetworkInterfaces"]:
+        for interface in lt["Properties"]["LaunchTemplateData"].get("NetworkInterfaces", []):
             assert interface.get("AssociatePublicIpAddress") in (None, False)
 
 
 def test_imdsv2_is_required_with_a_hop_limit_pods_can_use(template: Template) -> None:
-    (lt,) = resources(template, "AWS::EC2::LaunchTemplate").values()
-    options = lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]
-    assert options["HttpTokens"] == "required" and options["HttpPutResponseHopLimit"] == 2
+    templates = resources(template, "AWS::EC2::LaunchTemplate").values()
+    assert len(templates) == 2  # system and GPU node groups
+    for lt in templates:
+        options = lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]
+        assert options["HttpTokens"] == "required" and options["HttpPutResponseHopLimit"] == 2
 
 
 def test_ebs_volumes_are_encrypted(template: Template) -> None:
@@ -59,14 +61,21 @@ def test_secrets_are_envelope_encrypted_and_all_control_plane_logs_on(template: 
 
 def test_vpc_flow_logs_go_to_a_kms_encrypted_log_group(template: Template) -> None:
     (flow_log,) = resources(template, "AWS::EC2::FlowLog").values()
-    (group_id, group), *_ = resources(template, "AWS::Logs::LogGroup").items()
-    assert flow_log["Properties"]["LogGroupName"] == {"Ref": group_id}
-    assert "KmsKeyId" in group["Properties"]
+    group_id = flow_log["Properties"]["LogGroupName"]["Ref"]
+    assert "KmsKeyId" in resources(template, "AWS::Logs::LogGroup")[group_id]["Properties"]
+
+
+def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: Template) -> None:
+    groups = resources(template, "AWS::Logs::LogGroup")
+    assert len(groups) == 6  # flow logs, control plane, and one per Lambda (4)
+    for group_id, group in groups.items():
+        assert "KmsKeyId" in group["Properties"], group_id
+        assert group["DeletionPolicy"] == "Delete", group_id
 
 
 def test_every_kms_key_rotates(template: Template) -> None:
     keys = resources(template, "AWS::KMS::Key").values()
-    assert len(keys) == 2 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
+    assert len(keys) == 3 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
 
 
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
@@ -228,7 +237,11 @@ STATEFUL_IDS = {
         "PdServingClusterNodegroupSystemNodeGroup96DAEDDD",
         "PdServingClusterNodegroupGpuNodeGroup322EECD2",
     },
-    "AWS::KMS::Key": {"PdServingClusterSecretsKey424EDBC4", "PdServingNetworkFlowLogKey60984D8E"},
+    "AWS::KMS::Key": {
+        "PdServingClusterSecretsKey424EDBC4",
+        "PdServingNetworkFlowLogKey60984D8E",
+        "PdServingLogsKeyCD93001E",
+    },
     "AWS::EC2::PlacementGroup": {"PdServingGpuNodesPlacementGroupD08642E2"},
 }
 

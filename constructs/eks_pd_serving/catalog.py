@@ -110,3 +110,7 @@ MODELS: Final[dict[str, ModelFacts]] = {
         linear_conv_kernel_dim=4,
     ),
 }
+
+# CloudWatch Logs accepts only these retention periods, days (PutRetentionPolicy).
+LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
+                      3288, 3653)  # fmt: skip

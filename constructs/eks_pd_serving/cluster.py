@@ -8,15 +8,19 @@ from typing import cast
 from aws_cdk import Annotations, Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from ._private import nag
+from ._private import launch_template, nag
 from .config import DeploymentConfig
+from .log_groups import LogGroups
 from .network import Network
 
 SYSTEM_NODE_LABELS = {"role": "system"}
+_CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
+_API_PORT = 443
 # Installed before any node group: nodes need the CNI and kube-proxy to become Ready.
 _NODE_ADDONS = {"VpcCni": "vpc-cni", "KubeProxy": "kube-proxy", "PodIdentityAgent": "eks-pod-identity-agent"}
 
@@ -24,7 +28,9 @@ _NODE_ADDONS = {"VpcCni": "vpc-cni", "KubeProxy": "kube-proxy", "PodIdentityAgen
 class EksCluster(Construct):
     """Cluster, managed add-ons, secrets encryption key, admin access and system nodes."""
 
-    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network, log_groups: LogGroups
+    ) -> None:
         super().__init__(scope, id)
         release = config.kubernetes_release
         layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
@@ -37,6 +43,21 @@ class EksCluster(Construct):
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(30),
+        )
+        # EKS writes control-plane logs here; created first, so the group is ours and goes with
+        # the stack instead of appearing on first write and outliving it.
+        self.control_plane_logs = log_groups.group(
+            self, "ControlPlaneLogGroup", log_group_name=f"/aws/eks/{config.cluster_name}/cluster"
+        )
+        # The kubectl provider's Lambdas get a security group of the stack's own: on the
+        # EKS-owned cluster security group their late-released ENIs keep EKS from deleting it,
+        # which then blocks deleting the VPC.
+        self.kubectl_security_group = ec2.SecurityGroup(
+            self,
+            "KubectlProviderSecurityGroup",
+            vpc=network.vpc,
+            description="kubectl/Helm provider Lambdas: out to the EKS API and chart repositories",
+            allow_all_outbound=True,
         )
         private = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         self.cluster = eks.Cluster(
@@ -57,8 +78,21 @@ class EksCluster(Construct):
             # In the VPC, the kubectl handler reaches the private endpoint, so a narrow public
             # allow-list never locks CloudFormation out of its own cluster.
             kubectl_provider_options=eks.KubectlProviderOptions(
-                kubectl_layer=kubectl_layer, private_subnets=network.vpc.private_subnets
+                kubectl_layer=kubectl_layer,
+                private_subnets=network.vpc.private_subnets,
+                security_groups=[self.kubectl_security_group],
             ),
+        )
+        self.cluster.node.add_dependency(self.control_plane_logs)
+        ec2.CfnSecurityGroupIngress(
+            self,
+            "ApiFromKubectlProvider",
+            group_id=self.cluster.cluster_security_group_id,
+            source_security_group_id=self.kubectl_security_group.security_group_id,
+            ip_protocol="tcp",
+            from_port=_API_PORT,
+            to_port=_API_PORT,
+            description="kubectl/Helm provider Lambdas to the private API endpoint",
         )
         # The same cluster, typed as the interface other constructs take: jsii's generated
         # ICluster protocol lists a member Cluster only provides at runtime, which mypy rejects.
@@ -72,10 +106,25 @@ class EksCluster(Construct):
         node_addons = [
             eks.Addon(self, addon_id, cluster=self.handle, addon_name=name) for addon_id, name in _NODE_ADDONS.items()
         ]
+        # A launch template for the root volume (EKS gives 20 GiB otherwise: too small for the Ray
+        # image) and IMDSv2; with no network interfaces in it, EKS still adds the cluster SG.
+        L = ec2.CfnLaunchTemplate
+        self.system_launch_template = L(
+            self,
+            "SystemLaunchTemplate",
+            launch_template_data=L.LaunchTemplateDataProperty(
+                block_device_mappings=[launch_template.root_volume(config.system_root_volume_gib)],
+                metadata_options=launch_template.imds_v2(),
+            ),
+        )
         self.system_nodes = self.cluster.add_nodegroup_capacity(
             "SystemNodeGroup",
             instance_types=[ec2.InstanceType(config.system_instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
+            launch_template_spec=eks.LaunchTemplateSpec(
+                id=self.system_launch_template.ref,
+                version=self.system_launch_template.attr_latest_version_number,
+            ),
             min_size=config.system_node_count,
             desired_size=config.system_node_count,
             max_size=config.system_node_count,
@@ -90,13 +139,28 @@ class EksCluster(Construct):
         core_dns = eks.Addon(self, "CoreDns", cluster=self.handle, addon_name="coredns")
         core_dns.node.add_dependency(self.system_nodes)
 
-        if config.admin_role_arn:
-            self.cluster.grant_access(
-                "AdminAccess",
-                config.admin_role_arn,
-                [
-                    eks.AccessPolicy.from_access_policy_name(
-                        "AmazonEKSClusterAdminPolicy", access_scope_type=eks.AccessScopeType.CLUSTER
-                    )
-                ],
+        # A person must reach the cluster after the first deploy: the named role, or a role of
+        # the stack's that this account's principals may assume (their IAM permissions decide).
+        self.admin_role: iam.Role | None = None
+        admin_role_arn = config.admin_role_arn
+        if admin_role_arn is None:
+            self.admin_role = iam.Role(
+                self,
+                "AdminRole",
+                assumed_by=iam.AccountRootPrincipal(),
+                description=f"Cluster admin of EKS cluster {config.cluster_name} (access entry)",
             )
+            self.admin_role.add_to_policy(
+                iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self.cluster.cluster_arn])
+            )
+            admin_role_arn = self.admin_role.role_arn
+        self.admin_role_arn = admin_role_arn
+        self.cluster.grant_access(
+            "AdminAccess",
+            admin_role_arn,
+            [
+                eks.AccessPolicy.from_access_policy_name(
+                    _CLUSTER_ADMIN_POLICY, access_scope_type=eks.AccessScopeType.CLUSTER
+                )
+            ],
+        )

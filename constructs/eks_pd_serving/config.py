@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import versions
-from .catalog import INSTANCE_TYPES, MODELS, InstanceFacts, ModelFacts
+from .catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, MODELS, InstanceFacts, ModelFacts
 from .sizing import Sizing, size
 
 
@@ -117,7 +117,10 @@ class DeploymentConfig(BaseModel):
     )
     admin_role_arn: str | None = Field(
         None,
-        description="IAM role granted cluster admin through an access entry. Default: none.",
+        description=(
+            "IAM role granted cluster admin through an access entry. Default: the stack creates a "
+            "cluster-admin role that principals of this account may assume (IAM decides who)."
+        ),
         json_schema_extra=_hint("an IAM role ARN such as arn:aws:iam::123456789012:role/Admin"),
     )
     system_instance_type: str = Field(
@@ -131,6 +134,24 @@ class DeploymentConfig(BaseModel):
         le=10,
         description="Nodes in the system node group. Default: 1.",
         json_schema_extra=_hint("a whole number from 1 to 10"),
+    )
+    system_root_volume_gib: int = Field(
+        100,
+        ge=80,
+        le=16384,
+        description=(
+            "gp3 root volume of each system node, GiB: the Ray head pulls the Ray LLM CUDA image "
+            "(tens of GB, held packed and unpacked during the pull). Default: 100."
+        ),
+        json_schema_extra=_hint("a whole number of GiB from 80 to 16384"),
+    )
+    log_retention_days: int = Field(
+        30,
+        description=(
+            "Retention of the log groups the stack owns (EKS control plane, Lambdas), days; "
+            "they are deleted with the stack. Default: 30."
+        ),
+        json_schema_extra=_hint(f"one of CloudWatch's retention periods: {', '.join(map(str, LOG_RETENTION_DAYS))}"),
     )
     gpu_instance_type: str = Field(
         "g6.8xlarge",
@@ -266,6 +287,16 @@ class DeploymentConfig(BaseModel):
         description="NIXL backend that moves the KV cache; LIBFABRIC uses EFA. Default: LIBFABRIC.",
         json_schema_extra=_hint(f"one of {', '.join(_NIXL_NETWORK_BACKENDS)}"),
     )
+    ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
+        "None",
+        description=(
+            "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray "
+            "cluster; cluster-config changes wait until the RayCluster is recreated (README, Updates). "
+            "NewCluster: a second Ray cluster is built beside the first (needs spare GPU nodes). "
+            "Default: None."
+        ),
+        json_schema_extra=_hint("None or NewCluster"),
+    )
     kv_buffer_device: Literal["cuda", "cpu"] = Field(
         "cuda",
         description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing. Default: cuda.",
@@ -369,6 +400,13 @@ class DeploymentConfig(BaseModel):
     def _role_arn(cls, value: str | None) -> str | None:
         if value is not None and not _ROLE_ARN.match(value):
             raise ValueError("not an IAM role ARN")
+        return value
+
+    @field_validator("log_retention_days")
+    @classmethod
+    def _retention(cls, value: int) -> int:
+        if value not in LOG_RETENTION_DAYS:
+            raise ValueError("CloudWatch Logs does not offer this retention period")
         return value
 
     @field_validator("system_instance_type")
@@ -598,6 +636,12 @@ class DeploymentConfig(BaseModel):
             found.append(
                 "endpoint_allowed_cidrs includes 0.0.0.0/0: the Kubernetes API endpoint is open "
                 "to the internet (authentication still applies). Set your own CIDRs."
+            )
+        if self.ray_upgrade_strategy == "NewCluster":
+            found.append(
+                "ray_upgrade_strategy=NewCluster: every cluster-config change builds a second Ray "
+                "cluster, which needs as many spare GPU nodes as the first; with fixed node counts its "
+                "workers stay Pending."
             )
         if self.kv_backend == "UCX":
             found.append(

@@ -11,15 +11,13 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from ._private import nag
+from ._private import launch_template, nag
 from ._private.serving_props import gpu_node_labels
 from .config import DeploymentConfig, GpuGroup
 from .network import Network
 
 # What the device plugins select: every GPU node group carries it.
 GPU_NODE_LABELS = {"role": "gpu-worker"}
-# Pods reach IMDS through one extra network hop; 2 keeps IMDSv2 usable from them.
-_IMDS_HOP_LIMIT = 2
 
 
 class EfaGpuNodeGroup(Construct):
@@ -64,22 +62,8 @@ class EfaGpuNodeGroup(Construct):
                         delete_on_termination=True,
                     )
                 ],
-                metadata_options=L.MetadataOptionsProperty(
-                    http_endpoint="enabled",
-                    http_tokens="required",
-                    http_put_response_hop_limit=_IMDS_HOP_LIMIT,
-                ),
-                block_device_mappings=[
-                    L.BlockDeviceMappingProperty(
-                        device_name="/dev/xvda",
-                        ebs=L.EbsProperty(
-                            volume_size=config.gpu_root_volume_gib,
-                            volume_type="gp3",
-                            encrypted=True,
-                            delete_on_termination=True,
-                        ),
-                    )
-                ],
+                metadata_options=launch_template.imds_v2(),
+                block_device_mappings=[launch_template.root_volume(config.gpu_root_volume_gib)],
                 placement=L.PlacementProperty(group_name=self.placement_group.ref),
             ),
         )

@@ -6,11 +6,14 @@ from __future__ import annotations
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from .capacity.checks import GroupNeed
+from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
 from .gpu_node_group import EfaGpuNodeGroup
 from .kuberay_operator import KubeRayOperator
+from .log_groups import LogGroups
 from .network import Network
 from .ray_service import RayServiceManifest
 
@@ -29,7 +32,18 @@ class PdServing(Construct):
         self.config = config
         self._refuse_duplicate_cluster_name()
         self.network = Network(self, "Network", config=config, vpc=vpc)
-        self.eks = EksCluster(self, "Cluster", config=config, network=self.network)
+        self.log_groups = LogGroups(self, "Logs", retention_days=config.log_retention_days)
+        # Before the cluster: a GPU AZ or quota that cannot work fails the deploy in minutes.
+        self.capacity_check = GpuCapacityCheck(
+            self,
+            "GpuCapacityCheck",
+            cluster_name=config.cluster_name,
+            gpu_availability_zone=self.network.gpu_subnet.availability_zone,
+            groups=[GroupNeed(group.name, group.instance_type, group.node_count) for group in config.gpu_groups],
+            log_groups=self.log_groups,
+        )
+        self.eks = EksCluster(self, "Cluster", config=config, network=self.network, log_groups=self.log_groups)
+        self.eks.cluster.node.add_dependency(self.capacity_check)
         cluster = self.eks.cluster
         # Ids are part of the contract: the shared group keeps "GpuNodes" (the walkthrough's
         # layout); per-phase groups are "PrefillGpuNodes" and "DecodeGpuNodes".
@@ -63,6 +77,8 @@ class PdServing(Construct):
             cluster=cluster,
             depends_on=[self.kuberay, self.device_plugins, self.eks.system_nodes, *gpu_nodegroups],
         )
+        # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
+        self.log_groups.adopt_lambda_logs(self)
 
     def _refuse_duplicate_cluster_name(self) -> None:
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""

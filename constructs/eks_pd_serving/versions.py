@@ -52,7 +52,10 @@ KUBERAY_CHART_REPOSITORY: Final = "https://ray-project.github.io/kuberay-helm/"
 # Device plugins. NVIDIA 0.19.0-0.19.2 conflict with the EFA plugin; 0.20.0 does not.
 NVIDIA_DEVICE_PLUGIN_VERSION: Final = "0.20.0"
 NVIDIA_DEVICE_PLUGIN_REPOSITORY: Final = "https://nvidia.github.io/k8s-device-plugin"
-EFA_DEVICE_PLUGIN_VERSION: Final = "v0.5.8"
+# eks-charts versions the chart apart from the plugin image: chart v0.5.30 ships image v0.5.20
+# (its appVersion; chart v0.5.8 shipped image v0.5.5). Its supportedInstanceLabels list g6.8xlarge.
+EFA_DEVICE_PLUGIN_VERSION: Final = "v0.5.30"
+EFA_DEVICE_PLUGIN_IMAGE_VERSION: Final = "v0.5.20"
 EFA_DEVICE_PLUGIN_REPOSITORY: Final = "https://aws.github.io/eks-charts"
 
 # The serving image and the Ray version inside it: AWS Ray LLM DLC v1.0 carries Ray 2.58.0,

@@ -90,3 +90,31 @@ def kubectl_provider(provider: IConstruct) -> dict[str, str]:
             "ships; it moves with aws-cdk-lib upgrades."
         ),
     }
+
+
+_LAMBDA_LOGS = managed_policy("service-role/AWSLambdaBasicExecutionRole")
+
+CAPACITY_CHECK_FUNCTION = {
+    _LAMBDA_LOGS: (
+        "The capacity-check Lambda writes only its own CloudWatch logs; this AWS managed policy is "
+        "the documented minimum for that."
+    ),
+    f"{PACK}-IAM5[Resource::*]": (
+        "ec2:DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeInstances and "
+        "servicequotas:GetAWSDefaultServiceQuota support no resource-level permissions (Service "
+        "Authorization Reference); all are read-only. GetServiceQuota is scoped to the G/VT quota."
+    ),
+}
+
+
+def provider_framework(provider: IConstruct, handler: IConstruct) -> dict[str, str]:
+    """aws-cdk-lib's custom-resource Provider framework Lambda, which invokes ``handler``."""
+    stack = Stack.of(provider)
+    handler_id = stack.resolve(stack.get_logical_id(handler.node.default_child))  # type: ignore[arg-type]
+    return {
+        _LAMBDA_LOGS: "aws-cdk-lib's Provider framework Lambda writes only its own CloudWatch logs.",
+        f"{PACK}-IAM5[Resource::<{handler_id}.Arn>:*]": (
+            "The Provider framework may invoke any version of its own handler function "
+            "(<handler arn>:*); the wildcard covers versions of that one function only."
+        ),
+    }

@@ -12,7 +12,7 @@ from ..versions import RAY_VERSION
 _NODE_RESERVED_VCPUS = 4
 _NODE_MEMORY_FRACTION = 0.8
 _MAX_SHM_GIB = 32
-HEAD = PodResources(cpu=2, memory_gib=8)
+HEAD = PodResources(cpu=2, memory_gib=8, shm_gib=2)
 
 
 def worker_resources(instance: InstanceFacts) -> PodResources:
@@ -78,4 +78,5 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
+        upgrade_strategy=config.ray_upgrade_strategy,
     )

@@ -1,8 +1,10 @@
 """Before `cdk deploy`, with your AWS credentials: will the GPU nodes launch?
 
-Resolves the GPU AZ (the first AZ of the region that offers the GPU instance type, which must
-support EFA), checks the G and VT on-demand vCPU quota against gpu_node_count x vCPUs, checks
-the CDK bootstrap stack, then writes the AZs into cdk.context.json so the next synth pins them.
+Resolves the GPU AZ (the first AZ of the region that offers every GPU group's instance type),
+runs the checks the deploy-time custom resource runs (EFA support of each type, the AZ's
+offering, the G and VT on-demand vCPU quota less the vCPUs already running against every GPU
+group's need), checks the CDK bootstrap stack, then writes the AZs into cdk.context.json so the
+next synth pins them.
 """
 
 from __future__ import annotations
@@ -13,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..capacity.checks import GroupNeed, check_capacity, offered_azs
 from ..config import DeploymentConfig
 from ._common import add_config_arguments, console, load_config, table
 
-G_VT_QUOTA = ("ec2", "L-DB2E81BA")  # Running On-Demand G and VT instances (vCPUs)
 BOOTSTRAP_STACK = "CDKToolkit"
 
 
@@ -43,8 +45,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-write", action="store_true", help="do not write cdk.context.json")
 
 
+def group_needs(config: DeploymentConfig) -> list[GroupNeed]:
+    """Each GPU node group's type and count, as the stack builds them (either layout)."""
+    return [GroupNeed(group.name, group.instance_type, group.node_count) for group in config.gpu_groups]
+
+
 def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str, list[str]]:
-    """The GPU AZ and the VPC's AZs (the GPU AZ first, then the next available one)."""
+    """The GPU AZ (the first AZ that offers every GPU group's type, or the one pinned) and the
+    VPC's AZs (the GPU AZ first, then the next available one)."""
     zones = sorted(
         z["ZoneName"]
         for z in ec2.describe_availability_zones(
@@ -54,25 +62,23 @@ def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str
             ]
         )["AvailabilityZones"]
     )
-    offered = {
-        o["Location"]
-        for o in ec2.describe_instance_type_offerings(
-            LocationType="availability-zone",
-            Filters=[{"Name": "instance-type", "Values": [config.gpu_instance_type]}],
-        )["InstanceTypeOfferings"]
-    }
+    types = sorted({group.instance_type for group in config.gpu_groups})
+    offered = set(zones)
+    for instance_type in types:
+        offered &= set(offered_azs(ec2, instance_type))
     candidates = [z for z in zones if z in offered]
+    wanted = " and ".join(types)
     if config.gpu_availability_zone:
         if config.gpu_availability_zone not in offered:
             raise PreflightFailed(
-                f"gpu_availability_zone={config.gpu_availability_zone!r} does not offer {config.gpu_instance_type}. "
+                f"gpu_availability_zone={config.gpu_availability_zone!r} does not offer {wanted}. "
                 f"Fix: use one of {', '.join(candidates) or '(none in ' + region + ')'}"
             )
         candidates = [config.gpu_availability_zone]
     if not candidates:
         raise PreflightFailed(
-            f"{config.gpu_instance_type} is not offered in any AZ of {region}. Fix: deploy to another "
-            "region (--region) or choose another gpu_instance_type"
+            f"no AZ of {region} offers {wanted}. Fix: deploy to another region (--region) or choose other GPU "
+            "instance types"
         )
     gpu_az = candidates[0]
     others = [z for z in zones if z != gpu_az]
@@ -81,34 +87,15 @@ def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str
     return gpu_az, [gpu_az, others[0]]
 
 
-def instance_facts(ec2: Any, instance_type: str) -> tuple[int, bool]:
-    (info,) = ec2.describe_instance_types(InstanceTypes=[instance_type])["InstanceTypes"]
-    return int(info["VCpuInfo"]["DefaultVCpus"]), bool(info["NetworkInfo"].get("EfaSupported"))
-
-
 def check(ec2: Any, quotas: Any, cloudformation: Any, config: DeploymentConfig, region: str) -> Result:
+    """The deploy-time capacity checks (``capacity.checks``, the same code), on the AZ this
+    resolves, then the CDK bootstrap stack."""
     from botocore.exceptions import ClientError
 
     result = Result(region=region)
-    vcpus, efa = instance_facts(ec2, config.gpu_instance_type)
-    result.checks.append(("EFA support", efa, f"{config.gpu_instance_type} EfaSupported={efa}"))
-    if not efa:
-        raise PreflightFailed(
-            f"{config.gpu_instance_type} does not support EFA in {region}. Fix: choose a GPU type with EFA"
-        )
     result.gpu_az, result.availability_zones = resolve_gpu_az(ec2, config, region)
-    result.checks.append(("GPU AZ", True, f"{result.gpu_az} offers {config.gpu_instance_type}"))
-
-    needed = config.gpu_node_count * vcpus
-    service, code = G_VT_QUOTA
-    try:
-        quota = float(quotas.get_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"])
-    except ClientError:
-        quota = float(quotas.get_aws_default_service_quota(ServiceCode=service, QuotaCode=code)["Quota"]["Value"])
-    fix = "" if quota >= needed else f" Fix: request {needed:.0f} vCPUs for quota {code} in Service Quotas"
-    result.checks.append(("G/VT vCPU quota", quota >= needed, f"{quota:.0f} available, {needed} needed "
-                          f"({config.gpu_node_count} x {vcpus} vCPUs).{fix}"))  # fmt: skip
-
+    for found in check_capacity(ec2, quotas, group_needs(config), result.gpu_az, cluster_name=config.cluster_name):
+        result.checks.append((found.name, found.passed, found.detail))
     try:
         cloudformation.describe_stacks(StackName=BOOTSTRAP_STACK)
         result.checks.append(("CDK bootstrap", True, f"{BOOTSTRAP_STACK} exists"))

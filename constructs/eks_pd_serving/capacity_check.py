@@ -1,0 +1,101 @@
+"""Deploy-time GPU capacity check: a custom resource that the EKS cluster depends on, so a GPU
+AZ without the instance type, a type without EFA, or a short G/VT quota fails the deploy in a
+minute or two instead of rolling back a half-built cluster half an hour later."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from aws_cdk import CustomResource, Duration, Stack
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import custom_resources as cr
+from constructs import Construct
+
+from ._private import nag
+from .capacity.checks import G_VT_QUOTA_CODE, G_VT_QUOTA_SERVICE, GroupNeed
+from .log_groups import LogGroups
+
+CODE_DIR = Path(__file__).parent / "capacity"
+RESOURCE_TYPE = "Custom::GpuCapacityCheck"
+_OUTSIDE_VPC = "Calls only EC2 and Service Quotas APIs, before the VPC is needed; no ENI to release on destroy"
+
+
+class GpuCapacityCheck(Construct):
+    """Runs ``capacity.checks.check_capacity`` in a Lambda (outside the VPC: it only calls EC2
+    and Service Quotas) on create and on every change of its inputs.
+
+    :param cluster_name: the EKS cluster; its own nodes are not counted as other G/VT usage.
+    :param gpu_availability_zone: the AZ of the GPU subnet (a token is fine).
+    :param groups: each GPU node group's name, instance type and node count.
+    :param log_groups: where the Lambdas log.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        cluster_name: str,
+        gpu_availability_zone: str,
+        groups: Sequence[GroupNeed],
+        log_groups: LogGroups,
+    ) -> None:
+        super().__init__(scope, id)
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description="Fails the deploy early when the GPU node groups could not launch",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="handler.on_event",
+            code=lambda_.Code.from_asset(str(CODE_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
+            timeout=Duration.minutes(2),
+            log_group=log_groups.group(self, "FunctionLogGroup"),
+        )
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["ec2:DescribeInstanceTypes", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstances"],
+                resources=["*"],
+            )
+        )
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["servicequotas:GetServiceQuota"],
+                resources=[
+                    Stack.of(self).format_arn(
+                        service="servicequotas", resource=G_VT_QUOTA_SERVICE, resource_name=G_VT_QUOTA_CODE
+                    )
+                ],
+            )
+        )
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["servicequotas:GetAWSDefaultServiceQuota"], resources=["*"])
+        )
+        provider = cr.Provider(
+            self,
+            "Provider",
+            on_event_handler=self.function,
+            log_group=log_groups.group(self, "ProviderLogGroup"),
+        )
+        self.resource = CustomResource(
+            self,
+            "Resource",
+            service_token=provider.service_token,
+            resource_type=RESOURCE_TYPE,
+            properties={
+                "ClusterName": cluster_name,
+                "GpuAvailabilityZone": gpu_availability_zone,
+                "Groups": [
+                    {"Name": g.name, "InstanceType": g.instance_type, "NodeCount": str(g.node_count)} for g in groups
+                ],
+            },
+        )
+        nag.acknowledge(self.function, nag.CAPACITY_CHECK_FUNCTION)
+        # Outside the VPC on purpose: it calls only public AWS APIs, runs before anything in the
+        # VPC is needed, and leaves no ENI behind to hold up deleting the VPC.
+        for function in (self.function, provider.node.find_child("framework-onEvent")):
+            cfn = function.node.default_child
+            assert isinstance(cfn, lambda_.CfnFunction)
+            cfn.add_metadata("checkov", {"skip": [{"id": "CKV_AWS_117", "comment": _OUTSIDE_VPC}]})
+        nag.acknowledge(provider, nag.provider_framework(provider, self.function))

@@ -1,0 +1,128 @@
+"""The deploy-time GPU capacity check (the Lambda's own code) against moto's EC2 (real offering
+and instance-type data) and botocore's Stubber for Service Quotas, which moto does not know."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.stub import Stubber
+from conftest import NO_AWS_ENV
+from moto import mock_aws
+
+from eks_pd_serving.capacity import checks, handler
+from eks_pd_serving.capacity_check import CODE_DIR
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in {"AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t", "AWS_DEFAULT_REGION": REGION}.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield boto3.client("ec2", region_name=REGION)
+
+
+def quotas(value: float, applied: bool = True) -> Any:
+    client = boto3.client("service-quotas", region_name=REGION)
+    stub = Stubber(client)
+    params = {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"}
+    answer = {"Quota": {**params, "Value": value}}
+    if applied:
+        stub.add_response("get_service_quota", answer, params)
+    else:
+        stub.add_client_error("get_service_quota", "NoSuchResourceException", expected_params=params)
+        stub.add_response("get_aws_default_service_quota", answer, params)
+    stub.activate()
+    return client
+
+
+def launch(ec2: Any, instance_type: str, count: int, cluster: str | None = None) -> None:
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": checks.CLUSTER_TAG, "Value": cluster}]}] if cluster else []
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ec2.run_instances(ImageId=image, InstanceType=instance_type, MinCount=count, MaxCount=count, TagSpecifications=tags)
+
+
+def properties(az: str = "us-east-1a", **groups: tuple[str, int]) -> dict[str, Any]:
+    """As CloudFormation sends them: every scalar a string."""
+    groups = groups or {"gpu": ("g6.8xlarge", 2)}
+    return {
+        "ClusterName": "ray-llm-multinode",
+        "GpuAvailabilityZone": az,
+        "Groups": [{"Name": n, "InstanceType": t, "NodeCount": str(c)} for n, (t, c) in groups.items()],
+    }
+
+
+def test_passes_when_the_az_offers_the_type_and_the_quota_is_free(ec2: Any) -> None:
+    data = handler.run_checks(properties(), ec2, quotas(64))
+    assert "G/VT vCPU quota: 64 free (64 quota - 0 running), 64 needed (2 x 32 vCPUs)" in data["Checks"]
+
+
+def test_fails_when_the_gpu_az_does_not_offer_the_type(ec2: Any) -> None:
+    with pytest.raises(handler.CapacityCheckFailed) as failed:
+        handler.run_checks(properties(az="us-east-1e"), ec2, quotas(64))
+    message = str(failed.value)
+    assert "\n" not in message
+    assert message.startswith("GPU capacity check failed: GPU AZ (g6.8xlarge): us-east-1e does not offer g6.8xlarge")
+    assert "offered in us-east-1a, us-east-1b, us-east-1c, us-east-1d, us-east-1f" in message
+    assert "Fix: run `python -m eks_pd_serving preflight`" in message
+
+
+def test_fails_when_the_type_lacks_efa(ec2: Any) -> None:
+    with pytest.raises(handler.CapacityCheckFailed, match=r"g4dn.xlarge EfaSupported=False. Fix: choose a GPU"):
+        handler.run_checks(properties(gpu=("g4dn.xlarge", 1)), ec2, quotas(64))
+
+
+def test_subtracts_other_running_g_instances_but_not_this_clusters_own(ec2: Any) -> None:
+    launch(ec2, "g6.8xlarge", 1)  # another workload: 32 vCPUs
+    launch(ec2, "g6.8xlarge", 2, cluster="ray-llm-multinode")  # this stack's nodes on an update
+    launch(ec2, "m7i.xlarge", 1)  # not a G/VT instance
+    data = handler.run_checks(properties(), ec2, quotas(96))
+    assert "96 free" not in data["Checks"] and "64 free (96 quota - 32 running), 64 needed" in data["Checks"]
+    with pytest.raises(handler.CapacityCheckFailed) as failed:
+        handler.run_checks(properties(), ec2, quotas(90))
+    assert "G/VT vCPU quota: 58 free (90 quota - 32 running), 64 needed (2 x 32 vCPUs)" in str(failed.value)
+    assert "Fix: request a G/VT quota of at least 96 vCPUs (L-DB2E81BA in Service Quotas)" in str(failed.value)
+
+
+def test_sums_every_group_of_the_per_phase_layout(ec2: Any) -> None:
+    props = properties(prefill=("g6.8xlarge", 2), decode=("g6e.8xlarge", 1))
+    with pytest.raises(handler.CapacityCheckFailed, match=r"64 free \(64 quota - 0 running\), 96 needed"):
+        handler.run_checks(props, ec2, quotas(64))
+
+
+def test_falls_back_to_the_default_quota_when_none_was_applied(ec2: Any) -> None:
+    assert "64 free (64 quota" in handler.run_checks(properties(), ec2, quotas(64, applied=False))["Checks"]
+
+
+def test_create_goes_through_on_event_and_delete_calls_nothing(ec2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    stubbed = quotas(64)
+    real_client = boto3.client
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: stubbed if name == "service-quotas" else real_client(name))
+    created = handler.on_event({"RequestType": "Create", "ResourceProperties": properties()})
+    assert created["PhysicalResourceId"] == "gpu-capacity-ray-llm-multinode"
+    monkeypatch.setattr(boto3, "client", lambda *a, **kw: pytest.fail("Delete must not call AWS"))
+    deleted = handler.on_event(
+        {"RequestType": "Delete", "PhysicalResourceId": "gpu-capacity-x", "ResourceProperties": properties()}
+    )
+    assert deleted == {"PhysicalResourceId": "gpu-capacity-x"}
+
+
+def test_the_asset_folder_runs_as_lambda_loads_it() -> None:
+    """Lambda imports handler.py as a top-level module from the asset root."""
+    script = (
+        f"import json, sys; sys.path.insert(0, {str(CODE_DIR)!r}); import handler; "
+        "print(json.dumps([handler.on_event({'RequestType': 'Delete', 'ResourceProperties': {'ClusterName': 'c'}}), "
+        "handler.check_capacity.__module__, 'eks_pd_serving' in sys.modules]))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", script], env=NO_AWS_ENV, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [{"PhysicalResourceId": "gpu-capacity-c"}, "checks", False]
