@@ -30,10 +30,17 @@ NO_AWS_ENV = {
     "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
 }
 SHARED = ROOT.parent / "shared"
+# The feature flags cdk.json sets (as `cdk init` writes them for aws-cdk-lib 2.275): tests build
+# the template `cdk synth` builds.
+FEATURE_FLAGS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items() if k.startswith("@")}
+
+
+def new_app(**kwargs: Any) -> cdk.App:
+    return cdk.App(context=FEATURE_FLAGS, **kwargs)
 
 
 def build_stack(**settings: Any) -> PdServingStack:
-    app = cdk.App()
+    app = new_app()
     return PdServingStack(app, "Test", config=DeploymentConfig.create(**settings))
 
 
@@ -65,7 +72,7 @@ def synth_assembly(outdir: Path, nag: bool = True, **settings: Any) -> Path:
     returns the template file. A finding raises (cdk-nag 3 interrupts synthesis)."""
     from cdk_nag import AwsSolutionsChecks
 
-    app = cdk.App(outdir=str(outdir))
+    app = new_app(outdir=str(outdir))
     PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig.create(**settings))
     if nag:
         cdk.Validations.of(app).add_plugins(AwsSolutionsChecks())

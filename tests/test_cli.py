@@ -298,3 +298,41 @@ def test_verify_head_on_a_gpu_node_fails(api: Any) -> None:
     pod_checks, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
     (head,) = [c for c in pod_checks if c.name.startswith("head")]
     assert not head.passed
+
+
+class Refuse(BaseHTTPRequestHandler):
+    """An API server that knows nobody: what a person without an access entry meets."""
+
+    def do_GET(self) -> None:
+        self.send_response(401)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b'{"kind":"Status","status":"Failure","message":"Unauthorized","code":401}')
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_verify_without_cluster_access_names_the_admin_role(tmp_path: Path) -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    kubeconfig = tmp_path / "config"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+                "users": [{"name": "u", "user": {"token": "not-mapped"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    try:
+        result = cli("verify", "--kubeconfig", str(kubeconfig), "--skip-http")
+    finally:
+        server.shutdown()
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    assert "the cluster refused your credentials (401 Unauthorized)" in result.stdout
+    assert "authenticates as ClusterAdminRoleArn" in result.stdout

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 from conftest import logical_id
@@ -125,13 +126,25 @@ def test_control_plane_logs_go_to_a_group_the_stack_owns_and_creates_first(
     assert logical_id(eks.control_plane_logs) in template.to_json()["Resources"][logical_id(eks.cluster)]["DependsOn"]
 
 
-def test_every_lambda_logs_to_a_group_of_the_stack(template: Template) -> None:
+def _log_group_of(function_id: str, function: dict[str, Any], groups: dict[str, Any]) -> dict[str, Any]:
+    """The group named in LoggingConfig, or the one aws-cdk-lib manages as /aws/lambda/<name>."""
+    ref = function["Properties"].get("LoggingConfig", {}).get("LogGroup", {}).get("Ref")
+    if ref:
+        return dict(groups[ref])
+    name = {"Fn::Join": ["", ["/aws/lambda/", {"Ref": function_id}]]}
+    (group,) = [g for g in groups.values() if g["Properties"].get("LogGroupName") == name]
+    return dict(group)
+
+
+def test_every_lambda_logs_to_a_group_the_stack_deletes(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
     functions = resources(template, "AWS::Lambda::Function")
-    assert len(functions) == 4  # kubectl handler + framework, capacity check + framework
+    # kubectl handler + framework, capacity check + framework, the VPC's default-SG provider
+    assert len(functions) == 5
     for function_id, function in functions.items():
-        ref = function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
-        assert groups[ref]["DeletionPolicy"] == "Delete", function_id
+        group = _log_group_of(function_id, function, groups)
+        assert group["DeletionPolicy"] == "Delete", function_id
+        assert group["Properties"]["RetentionInDays"] == 30 and "KmsKeyId" in group["Properties"], function_id
 
 
 @pytest.mark.parametrize("days", ["7", "365"])
@@ -199,3 +212,16 @@ def test_efa_device_plugin_chart_is_the_one_that_ships_a_current_image(template:
         {"Chart": "aws-efa-k8s-device-plugin", "Version": versions.EFA_DEVICE_PLUGIN_VERSION},
     )
     assert (versions.EFA_DEVICE_PLUGIN_VERSION, versions.EFA_DEVICE_PLUGIN_IMAGE_VERSION) == ("v0.5.30", "v0.5.20")
+
+
+def test_without_the_managed_log_group_flag_every_lambda_still_gets_a_group_of_ours() -> None:
+    """An app without cdk.json's flags (``useCdkManagedLogGroup`` off, no default-SG provider):
+    the groups are created beside the functions and named in their LoggingConfig."""
+    stack = PdServingStack(cdk.App(), "NoFlags", config=DeploymentConfig())
+    template = Template.from_stack(stack)
+    groups = resources(template, "AWS::Logs::LogGroup")
+    functions = resources(template, "AWS::Lambda::Function")
+    assert len(functions) == 4
+    for function_id, function in functions.items():
+        ref = function["Properties"]["LoggingConfig"]["LogGroup"]["Ref"]
+        assert groups[ref]["DeletionPolicy"] == "Delete", function_id

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
-from conftest import logical_id, synth_assembly
+from conftest import logical_id, new_app, synth_assembly
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
@@ -31,7 +31,7 @@ PER_PHASE = {
 
 @pytest.fixture(scope="module")
 def stack() -> PdServingStack:
-    return PdServingStack(cdk.App(), "PerPhase", config=DeploymentConfig.from_context(PER_PHASE))
+    return PdServingStack(new_app(), "PerPhase", config=DeploymentConfig.from_context(PER_PHASE))
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,7 @@ def brought_vpc(stack: cdk.Stack, subnets: int = 2) -> ec2.IVpc:
 
 
 def test_an_existing_vpc_is_used_and_no_vpc_is_created() -> None:
-    stack = cdk.Stack(cdk.App(), "Byo")
+    stack = cdk.Stack(new_app(), "Byo")
     PdServing(stack, "PdServing", config=DeploymentConfig(), vpc=brought_vpc(stack))
     template = Template.from_stack(stack)
     template.resource_count_is("AWS::EC2::VPC", 0)
@@ -166,14 +166,14 @@ def test_an_existing_vpc_is_used_and_no_vpc_is_created() -> None:
 
 
 def test_an_existing_vpc_honours_the_gpu_az() -> None:
-    stack = cdk.Stack(cdk.App(), "Byo")
+    stack = cdk.Stack(new_app(), "Byo")
     config = DeploymentConfig.create(availability_zones="us-east-1a,us-east-1b", gpu_availability_zone="us-east-1b")
     serving = PdServing(stack, "PdServing", config=config, vpc=brought_vpc(stack))
     assert serving.network.gpu_subnet.subnet_id == "subnet-00000000000000001"
 
 
 def test_a_vpc_with_one_private_subnet_is_refused() -> None:
-    stack = cdk.Stack(cdk.App(), "Byo")
+    stack = cdk.Stack(new_app(), "Byo")
     with pytest.raises(
         ConfigError, match=r"has 1 private subnet\(s\) in 1 AZ\(s\); EKS needs private subnets in at least two AZs"
     ):
@@ -182,7 +182,7 @@ def test_a_vpc_with_one_private_subnet_is_refused() -> None:
 
 # --- several deployments in one app --------------------------------------------------------------
 def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
-    app = cdk.App(outdir=str(tmp_path))
+    app = new_app(outdir=str(tmp_path))
     small = DeploymentConfig.create(cluster_name="team-a", model_id="qwen-a")
     large = DeploymentConfig.create(cluster_name="team-b", gpu_node_count=4, decode_replicas=3, namespace="llm")
     PdServingStack(app, "TeamA", config=small)
@@ -199,7 +199,7 @@ def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
                 names["release"].add(f"{stack}:{json.dumps(props['ClusterName'])}/{props['Release']}")
             # Physical names that would collide across stacks: none set beyond the cluster's own
             # (its control-plane log group is named by EKS after the cluster).
-            if resource["Type"] == "AWS::Logs::LogGroup" and "LogGroupName" in props:
+            if resource["Type"] == "AWS::Logs::LogGroup" and isinstance(props.get("LogGroupName"), str):
                 names["log"].add(props["LogGroupName"])
                 continue
             for key in ("RoleName", "FunctionName", "AliasName", "NodegroupName"):
@@ -210,7 +210,7 @@ def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
 
 
 def test_two_deployments_in_one_stack_and_a_duplicate_name() -> None:
-    stack = cdk.Stack(cdk.App(), "Both")
+    stack = cdk.Stack(new_app(), "Both")
     PdServing(stack, "Small", config=DeploymentConfig.create(cluster_name="small"))
     PdServing(stack, "Large", config=DeploymentConfig.create(cluster_name="large", gpu_node_count=3))
     Template.from_stack(stack).resource_count_is("AWS::EKS::Cluster", 2)

@@ -55,6 +55,9 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
         st.sampled_from(["m7i.large", "g6.xlarge", "t3.nano", ""]),
     ),
     "system_node_count": (_ok_count, _bad_count),
+    "system_root_volume_gib": (st.sampled_from([80, 100, "250"]), st.sampled_from([0, 20, 79, "big", 20000])),
+    "log_retention_days": (st.sampled_from([1, 30, "365", 3653]), st.sampled_from([0, 2, 10, "month", 4000])),
+    "ray_upgrade_strategy": (st.sampled_from(["None", "NewCluster"]), st.sampled_from(["none", "Recreate", ""])),
     "gpu_instance_type": (
         st.sampled_from(["g6.8xlarge", "g6.12xlarge", "g6e.24xlarge"]),
         st.sampled_from(["g6.xlarge", "m7i.xlarge", "p9.mega"]),

@@ -67,7 +67,7 @@ def test_vpc_flow_logs_go_to_a_kms_encrypted_log_group(template: Template) -> No
 
 def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    assert len(groups) == 6  # flow logs, control plane, and one per Lambda (4)
+    assert len(groups) == 7  # flow logs, control plane, and one per Lambda (5)
     for group_id, group in groups.items():
         assert "KmsKeyId" in group["Properties"], group_id
         assert group["DeletionPolicy"] == "Delete", group_id

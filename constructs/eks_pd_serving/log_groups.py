@@ -4,7 +4,7 @@ stack."""
 
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnResource, Duration, RemovalPolicy, Stack
+from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, Duration, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -31,6 +31,7 @@ class LogGroups(Construct):
 
     def __init__(self, scope: Construct, id: str, *, retention_days: int = 30) -> None:
         super().__init__(scope, id)
+        self.retention_days = retention_days
         self.retention = retention(retention_days)
         self.key = kms.Key(
             self,
@@ -53,23 +54,33 @@ class LogGroups(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
 
-    def adopt_lambda_logs(self, scope: IConstruct) -> list[logs.LogGroup]:
-        """Give every Lambda function under ``scope`` (aws-cdk-lib's own providers included)
-        that has no log group of its own one of ours, through its LoggingConfig."""
-        created = []
-        for node in scope.node.find_all():
-            if not _is_lambda_without_log_group(node):
-                continue
-            assert isinstance(node, CfnResource)
-            group = self.group(node.node.scope, f"{node.node.id}LogGroup")  # type: ignore[arg-type]
-            node.add_property_override("LoggingConfig.LogGroup", group.log_group_name)
-            created.append(group)
-        return created
+    def adopt_lambda_logs(self, scope: IConstruct) -> None:
+        """Every Lambda function under ``scope``, and aws-cdk-lib's stack-level custom-resource
+        providers, logs to a group of ours: the group aws-cdk-lib made for it (feature flag
+        ``@aws-cdk/aws-lambda:useCdkManagedLogGroup``, retained by default) is taken over,
+        otherwise one is created beside the function and named in its LoggingConfig."""
+        stack = Stack.of(scope)
+        providers = [c for c in stack.node.children if isinstance(c, CustomResourceProviderBase)]
+        for root in (scope, *providers):
+            for node in root.node.find_all():
+                if isinstance(node, CfnResource) and node.cfn_resource_type == _LAMBDA_TYPE:
+                    self._adopt(node)
 
-
-def _is_lambda_without_log_group(node: IConstruct) -> bool:
-    if isinstance(node, lambda_.CfnFunction):
-        config = Stack.of(node).resolve(node.logging_config) or {}
-        return not config.get("logGroup")
-    # aws-cdk-lib writes CustomResourceProvider functions as plain CfnResource, never with a group.
-    return isinstance(node, CfnResource) and node.cfn_resource_type == _LAMBDA_TYPE
+    def _adopt(self, function: CfnResource) -> None:
+        parent = function.node.scope
+        assert parent is not None
+        if isinstance(function, lambda_.CfnFunction):
+            if (Stack.of(function).resolve(function.logging_config) or {}).get("logGroup"):
+                return  # created with a log group of its own (ours pass one in)
+            managed = parent.node.try_find_child("LogGroup")
+            if managed is not None:
+                cfn = managed.node.default_child
+                assert isinstance(cfn, logs.CfnLogGroup)
+                cfn.retention_in_days = self.retention_days
+                cfn.kms_key_id = self.key.key_arn
+                cfn.apply_removal_policy(RemovalPolicy.DESTROY)
+                return
+        group_id = f"{function.node.id}LogGroup"
+        if parent.node.try_find_child(group_id) is None:  # a shared provider is adopted once
+            group = self.group(parent, group_id)  # type: ignore[arg-type]
+            function.add_property_override("LoggingConfig.LogGroup", group.log_group_name)

@@ -121,7 +121,16 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"verify failed: no usable kubeconfig ({error}). Fix: run the UpdateKubeconfigCommand output")
         return 1
     core = client.CoreV1Api()
-    checks, system_nodes = check_nodes(core)
+    try:
+        checks, system_nodes = check_nodes(core)
+    except client.ApiException as error:
+        if error.status not in (401, 403):
+            raise
+        console.print(
+            f"verify failed: the cluster refused your credentials ({error.status} {error.reason}). Fix: run the "
+            "UpdateKubeconfigCommand output, which authenticates as ClusterAdminRoleArn; you need sts:AssumeRole on it"
+        )
+        return 1
     pod_checks, pod_nodes = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
     checks += pod_checks
     try:
