@@ -1,4 +1,4 @@
-# Two commands do everything on a fresh machine (Python 3.11, Node 20, no AWS credentials):
+# Two commands do everything on a fresh machine (Python 3.11, Node 22 or 24, or 20; no AWS credentials):
 #   make synth   virtualenv + pinned CDK CLI, then `cdk synth` into cdk.out/
 #   make test    every check: format, lint, types, tests (Ray config validation and the CPU
 #                rehearsal included)
@@ -11,7 +11,9 @@ VENV_REHEARSE := .venv-rehearse
 VENV_CHECKOV := .venv-checkov
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
-# Node 20 is the Node this machine has; jsii prints a banner on every call without this.
+# jsii prints an end-of-life banner on every call under Node 20 (EOL 2026-10-30), which the CI
+# machine runs; this silences it for Node 20 only (the value is the version it applies to). On
+# Node 22 or 24 there is nothing to silence; upgrade if you see the banner outside make.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 

@@ -7,12 +7,11 @@ transfer settings sit inside ``engine_kwargs``: Ray Serve LLM 2.5x rejects a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-if TYPE_CHECKING:
-    from .ray_service import EngineSpec, KvTransferSpec, ModelSpec
+from .specs import EngineSpec, KvTransferSpec, ModelSpec
 
 APP_NAME = "pd-openai"
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"

@@ -14,9 +14,9 @@ from conftest import ROOT, SHARED
 from kuberay_schema import load_crd_schema, schema_errors
 
 from eks_pd_serving import versions
-from eks_pd_serving._private.serving_props import ray_service_props
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import RayServiceChart
+from eks_pd_serving.ray_service_props import ray_service_props
 
 SNAPSHOT = ROOT / "tests" / "__snapshots__" / "ray_service.yaml"
 CRD_DIR = SHARED / "kuberay" / f"v{versions.KUBERAY_VERSION}"

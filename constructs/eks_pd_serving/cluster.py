@@ -15,10 +15,10 @@ from constructs import Construct
 
 from ._private import launch_template, nag
 from .config import DeploymentConfig
+from .layout import SYSTEM_NODE_LABELS
 from .log_groups import LogGroups
 from .network import Network
 
-SYSTEM_NODE_LABELS = {"role": "system"}
 _CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 _API_PORT = 443
 # Installed before any node group: nodes need the CNI and kube-proxy to become Ready.

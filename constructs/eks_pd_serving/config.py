@@ -13,13 +13,13 @@ import ipaddress
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from . import versions
 from .catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, MODELS, InstanceFacts, ModelFacts
+from .layout import PHASES, GpuGroup
 from .sizing import Sizing, size
 
 
@@ -43,26 +43,6 @@ _NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 _DEFAULT_AZ_COUNT = 2
 # Our context keys are snake_case; CDK's own (feature flags, aws:cdk:*) never are.
 _OUR_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class GpuGroup:
-    """One GPU managed node group and the Ray worker group pinned to it."""
-
-    name: str  # "gpu" (shared), "prefill" or "decode"
-    phases: tuple[str, ...]
-    instance_type: str
-    node_count: int
-    type_setting: str  # the setting that chose the instance type, for error messages
-    count_setting: str
-
-    @property
-    def instance(self) -> InstanceFacts:
-        return INSTANCE_TYPES[self.instance_type]
-
-    @property
-    def shared(self) -> bool:
-        return len(self.phases) > 1
 
 
 def _hint(text: str) -> dict[str, Any]:
@@ -619,7 +599,7 @@ class DeploymentConfig(BaseModel):
                 f"{phase}_gpu_instance_type" if getattr(self, f"{phase}_gpu_instance_type") else "gpu_instance_type",
                 f"{phase}_gpu_node_count",
             )
-            for phase in ("prefill", "decode")
+            for phase in PHASES
         ]
 
     def gpu_group(self, phase: str) -> GpuGroup:

@@ -4,12 +4,12 @@ the drivers and the host EFA software but not the plugins that advertise
 
 from __future__ import annotations
 
-from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from . import versions
-from .gpu_node_group import GPU_NODE_LABELS
+from ._private.helm import helm_chart
+from .layout import GPU_NODE_LABELS
 
 NVIDIA_RELEASE = "nvidia-device-plugin"
 EFA_RELEASE = "aws-efa-k8s-device-plugin"
@@ -35,7 +35,7 @@ _GPU_NODE_AFFINITY = {
 class GpuDevicePlugins(Construct):
     def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
-        self.nvidia = eks.HelmChart(
+        self.nvidia = helm_chart(
             self,
             "NvidiaDevicePlugin",
             cluster=cluster,
@@ -45,10 +45,8 @@ class GpuDevicePlugins(Construct):
             release=NVIDIA_RELEASE,
             namespace=NAMESPACE,
             values={"affinity": _GPU_NODE_AFFINITY},
-            wait=True,
-            timeout=Duration.minutes(10),
         )
-        self.efa = eks.HelmChart(
+        self.efa = helm_chart(
             self,
             "EfaDevicePlugin",
             cluster=cluster,
@@ -58,7 +56,5 @@ class GpuDevicePlugins(Construct):
             release=EFA_RELEASE,
             namespace=NAMESPACE,
             values={"nodeSelector": GPU_NODE_LABELS},
-            wait=True,
-            timeout=Duration.minutes(10),
         )
         self.charts = [self.nvidia, self.efa]

@@ -12,12 +12,9 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from ._private import launch_template, nag
-from ._private.serving_props import gpu_node_labels
-from .config import DeploymentConfig, GpuGroup
+from .config import DeploymentConfig
+from .layout import GpuGroup
 from .network import Network
-
-# What the device plugins select: every GPU node group carries it.
-GPU_NODE_LABELS = {"role": "gpu-worker"}
 
 
 class EfaGpuNodeGroup(Construct):
@@ -69,7 +66,7 @@ class EfaGpuNodeGroup(Construct):
         )
         self.group = group
         self.nodegroup = cluster.add_nodegroup_capacity(
-            "GpuNodeGroup" if group.shared else f"{group.name.capitalize()}GpuNodeGroup",
+            group.nodegroup_id,
             instance_types=[ec2.InstanceType(group.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             launch_template_spec=eks.LaunchTemplateSpec(
@@ -79,7 +76,7 @@ class EfaGpuNodeGroup(Construct):
             min_size=group.node_count,
             desired_size=group.node_count,
             max_size=group.node_count,
-            labels=gpu_node_labels(group),
+            labels=group.node_labels,
             subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
         )
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

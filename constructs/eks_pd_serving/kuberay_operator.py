@@ -3,12 +3,12 @@ each they cannot travel through a CloudFormation-embedded manifest."""
 
 from __future__ import annotations
 
-from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from . import versions
-from .cluster import SYSTEM_NODE_LABELS
+from ._private.helm import helm_chart
+from .layout import SYSTEM_NODE_LABELS
 
 RELEASE = "kuberay-operator"
 NAMESPACE = "kuberay-system"
@@ -17,7 +17,7 @@ NAMESPACE = "kuberay-system"
 class KubeRayOperator(Construct):
     def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
-        self.chart = eks.HelmChart(
+        self.chart = helm_chart(
             self,
             "Resource",
             cluster=cluster,
@@ -28,6 +28,4 @@ class KubeRayOperator(Construct):
             namespace=NAMESPACE,
             create_namespace=True,
             values={"nodeSelector": SYSTEM_NODE_LABELS},
-            wait=True,
-            timeout=Duration.minutes(10),
         )

@@ -45,12 +45,10 @@ class PdServing(Construct):
         self.eks = EksCluster(self, "Cluster", config=config, network=self.network, log_groups=self.log_groups)
         self.eks.cluster.node.add_dependency(self.capacity_check)
         cluster = self.eks.cluster
-        # Ids are part of the contract: the shared group keeps "GpuNodes" (the walkthrough's
-        # layout); per-phase groups are "PrefillGpuNodes" and "DecodeGpuNodes".
         self.gpu_node_groups = [
             EfaGpuNodeGroup(
                 self,
-                "GpuNodes" if group.shared else f"{group.name.capitalize()}GpuNodes",
+                group.construct_id,
                 config=config,
                 group=group,
                 network=self.network,

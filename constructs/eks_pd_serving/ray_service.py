@@ -8,9 +8,9 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from . import versions
-from ._private.serving_props import ray_service_props
 from .config import DeploymentConfig
 from .k8s import RayServiceChart, RayServiceProps
+from .ray_service_props import ray_service_props
 
 
 class RayServiceManifest(Construct):

@@ -1,11 +1,12 @@
 """Versions that must move together, in one place.
 
-Each group below is pinned as a unit: bump one member and the test suite tells you which other
-one has to follow (see tests/test_versions.py).
+Each group below is pinned as a unit: bump one member and tests/test_versions.py tells you which
+other one has to follow.
 """
 
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass
 from typing import Final
 
@@ -37,11 +38,32 @@ def _release(minor: int) -> KubernetesRelease:
 KUBERNETES_RELEASES: Final = {r.version: r for r in map(_release, range(32, 37))}
 DEFAULT_KUBERNETES_VERSION: Final = "1.35"
 
-# EKS no longer creates clusters at these versions (end of extended support).
+# End of EKS standard support per version (release + 14 months; 1.35 and 1.36 projected from
+# their release months). Extended support lasts 12 months more, at the extended price; after it
+# EKS no longer creates clusters at that version. The one table of support dates: the config
+# rejects retired versions with it, `cost` prices the control plane with it.
+EKS_STANDARD_SUPPORT_ENDS: Final = {
+    "1.29": datetime.date(2025, 3, 23),
+    "1.30": datetime.date(2025, 7, 23),
+    "1.31": datetime.date(2025, 11, 26),
+    "1.32": datetime.date(2026, 3, 23),
+    "1.33": datetime.date(2026, 7, 29),
+    "1.34": datetime.date(2026, 12, 2),
+    "1.35": datetime.date(2027, 3, 27),
+    "1.36": datetime.date(2027, 7, 28),
+}
+
+
+def extended_support_ends(version: str) -> datetime.date:
+    standard = EKS_STANDARD_SUPPORT_ENDS[version]
+    return standard.replace(year=standard.year + 1)
+
+
+# EKS no longer creates clusters at these versions (end of extended support, before this release).
 RETIRED_KUBERNETES_VERSIONS: Final = {
-    "1.29": "2026-03-23",
-    "1.30": "2026-07-23",
-    "1.31": "2026-11-26",
+    version: extended_support_ends(version).isoformat()
+    for version in EKS_STANDARD_SUPPORT_ENDS
+    if version not in KUBERNETES_RELEASES
 }
 
 # KubeRay: the Helm chart and the CRDs it installs are one release; the schema test reads the
@@ -64,7 +86,6 @@ RAY_IMAGE_ACCOUNT: Final = "763104351884"
 RAY_IMAGE_REPOSITORY: Final = "ray"
 RAY_IMAGE_TAG: Final = "serve-llm-cuda-v1.0"
 RAY_VERSION: Final = "2.58.0"
-VLLM_VERSION_IN_IMAGE: Final = "0.26.0"
 
 
 def ray_image_uri(region: str) -> str:

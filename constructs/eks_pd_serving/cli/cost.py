@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
 
 PRICES_SOURCE = "us-east-1 on-demand, third-party price tables dated 2026 (see README)"
@@ -27,15 +28,6 @@ PRICES: dict[str, dict[str, float]] = {
         "gp3_gb_month": 0.08,
         "kms_key_month": 1.00,
     }
-}
-# End of EKS standard support (release + 14 months); after it the control plane costs the
-# extended-support price. 1.35 and 1.36 dates are projected from their release months.
-STANDARD_SUPPORT_ENDS = {
-    "1.32": datetime.date(2026, 3, 23),
-    "1.33": datetime.date(2026, 7, 29),
-    "1.34": datetime.date(2026, 12, 2),
-    "1.35": datetime.date(2027, 3, 27),
-    "1.36": datetime.date(2027, 7, 28),
 }
 HOURS_30_DAYS = 720
 MNG_DEFAULT_DISK_GIB = 20
@@ -68,7 +60,7 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
     lines = []
     for cluster in (r for r in resources if r["Type"] == "AWS::EKS::Cluster"):
         version = cluster["Properties"]["Version"]
-        ends = STANDARD_SUPPORT_ENDS.get(version)
+        ends = EKS_STANDARD_SUPPORT_ENDS.get(version)
         extended = ends is not None and on > ends
         price = prices["eks_extended_hour" if extended else "eks_hour"]
         note = f"{version}, {'extended' if extended else 'standard'} support"

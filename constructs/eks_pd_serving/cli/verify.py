@@ -19,9 +19,8 @@ from typing import Any
 
 import httpx
 
-from ..cluster import SYSTEM_NODE_LABELS
 from ..endpoint_check import EndpointFailed, check_endpoint
-from ..gpu_node_group import GPU_NODE_LABELS
+from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ._common import add_config_arguments, console, load_config, table
 
 LIBFABRIC = "Backend LIBFABRIC was instantiated"

@@ -1,11 +1,13 @@
-"""Turns the deployment config into the RayService chart's props (pod sizes included)."""
+"""The config -> RayService translation: the deployment settings become the cdk8s chart's typed
+props (pod sizes, worker groups, engines, KV transfer). The chart itself knows nothing of them."""
 
 from __future__ import annotations
 
-from ..catalog import InstanceFacts
-from ..config import DeploymentConfig, GpuGroup
-from ..k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
-from ..versions import RAY_VERSION
+from .catalog import InstanceFacts
+from .config import DeploymentConfig
+from .k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
+from .layout import SYSTEM_NODE_LABELS, GpuGroup
+from .versions import RAY_VERSION
 
 # Left on each node for the kubelet, the system reserve and the daemon sets (CNI, kube-proxy,
 # device plugins, pod identity agent).
@@ -28,23 +30,13 @@ def worker_resources(instance: InstanceFacts) -> PodResources:
     )
 
 
-def gpu_node_labels(group: GpuGroup) -> dict[str, str]:
-    """Kubernetes labels of a GPU node group; the device plugins select role=gpu-worker."""
-    return {"role": "gpu-worker"} if group.shared else {"role": "gpu-worker", "phase": group.name}
-
-
-def placement_resource(group: GpuGroup) -> str | None:
-    """The Ray resource that pins a phase to its own worker group (per_phase layout only)."""
-    return None if group.shared else f"{group.name}_gpu"
-
-
 def worker_group(group: GpuGroup) -> WorkerGroupSpec:
-    resource = placement_resource(group)
+    resource = group.placement_resource
     return WorkerGroupSpec(
-        name="gpu-workers" if group.shared else f"{group.name}-workers",
+        name=group.worker_group_name,
         replicas=group.node_count,
         resources=worker_resources(group.instance),
-        node_selector=gpu_node_labels(group),
+        node_selector=group.node_labels,
         ray_resources={resource: str(group.instance.gpus)} if resource else {},
     )
 
@@ -54,7 +46,7 @@ def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
         replicas=getattr(config, f"{phase}_replicas"),
         tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
         enforce_eager=getattr(config, f"{phase}_enforce_eager"),
-        placement_resource=placement_resource(config.gpu_group(phase)),
+        placement_resource=config.gpu_group(phase).placement_resource,
     )
 
 
@@ -78,5 +70,6 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
+        system_node_selector=dict(SYSTEM_NODE_LABELS),
         upgrade_strategy=config.ray_upgrade_strategy,
     )
