@@ -14,16 +14,17 @@ STACK_NAME = "RayLlmPdServing"
 
 
 def print_sizing(config: DeploymentConfig) -> None:
-    """The per-GPU memory and KV-transfer estimate of each phase (synth already enforced it)."""
-    summaries = {phase: config.sizing(phase) for phase in ("prefill", "decode")}
-    if summaries["prefill"] == summaries["decode"]:
-        summaries = {"prefill and decode": summaries["prefill"]}
-    for phases, sizing in summaries.items():
+    """The per-GPU memory and KV-transfer estimate of each phase on its own GPU group's type
+    (synth already enforced it)."""
+    summaries = {
+        (phase, config.gpu_group(phase).instance_type): config.sizing(phase) for phase in ("prefill", "decode")
+    }
+    (prefill, decode) = summaries
+    if summaries[prefill] == summaries[decode] and prefill[1] == decode[1]:
+        summaries = {("prefill and decode", prefill[1]): summaries[prefill]}
+    for (phases, instance_type), sizing in summaries.items():
         if sizing is not None:
-            print(
-                f"sizing ({phases}, {config.model_source} on {config.gpu_instance_type}, per GPU):",
-                file=sys.stderr,
-            )
+            print(f"sizing ({phases}, {config.model_source} on {instance_type}, per GPU):", file=sys.stderr)
             for line in sizing.summary():
                 print(f"  {line}", file=sys.stderr)
 

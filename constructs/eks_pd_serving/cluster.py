@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass
 from typing import cast
 
-from aws_cdk import Annotations, Duration, RemovalPolicy
+from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
@@ -13,11 +14,10 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
+from . import versions
 from ._private import launch_template, nag
-from .config import DeploymentConfig
 from .layout import SYSTEM_NODE_LABELS
 from .log_groups import LogGroups
-from .network import Network
 
 _CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 _API_PORT = 443
@@ -25,21 +25,50 @@ _API_PORT = 443
 _NODE_ADDONS = {"VpcCni": "vpc-cni", "KubeProxy": "kube-proxy", "PodIdentityAgent": "eks-pod-identity-agent"}
 
 
+@dataclass(frozen=True)
+class EksClusterProps:
+    """What the cluster construct needs, each with its default."""
+
+    #: EKS cluster name (physical). Default: ray-llm-multinode.
+    cluster_name: str = "ray-llm-multinode"
+    #: Kubernetes version; the kubectl layer follows it. Default: 1.35.
+    kubernetes_version: str = versions.DEFAULT_KUBERNETES_VERSION
+    #: IPv4 CIDRs allowed to the public API endpoint. Default: 0.0.0.0/0.
+    endpoint_allowed_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
+    #: Role granted cluster admin. Default: None, a role the account may assume is created.
+    admin_role_arn: str | None = None
+    #: System node group (KubeRay operator, Ray head). Default: 1 x m7i.xlarge, 100 GiB root.
+    system_instance_type: str = "m7i.xlarge"
+    system_node_count: int = 1
+    system_root_volume_gib: int = 100
+
+
 class EksCluster(Construct):
-    """Cluster, managed add-ons, secrets encryption key, admin access and system nodes."""
+    """Cluster, managed add-ons, secrets encryption key, admin access and system nodes.
+
+    :param props: names, version, access and system nodes (``EksClusterProps``).
+    :param vpc: the VPC; the cluster and the kubectl provider use its private subnets.
+    :param log_groups: where control-plane and Lambda logs go (created before the cluster).
+    """
 
     def __init__(
-        self, scope: Construct, id: str, *, config: DeploymentConfig, network: Network, log_groups: LogGroups
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        props: EksClusterProps = EksClusterProps(),
+        vpc: ec2.IVpc,
+        log_groups: LogGroups,
     ) -> None:
         super().__init__(scope, id)
-        release = config.kubernetes_release
+        release = versions.KUBERNETES_RELEASES[props.kubernetes_version]
         layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
         kubectl_layer: lambda_.ILayerVersion = layer_class(self, "KubectlLayer")
 
         self.secrets_key = kms.Key(
             self,
             "SecretsKey",
-            description=f"Envelope encryption of Kubernetes secrets in {config.cluster_name}",
+            description=f"Envelope encryption of Kubernetes secrets in {props.cluster_name}",
             enable_key_rotation=True,
             removal_policy=RemovalPolicy.DESTROY,
             pending_window=Duration.days(30),
@@ -47,7 +76,7 @@ class EksCluster(Construct):
         # EKS writes control-plane logs here; created first, so the group is ours and goes with
         # the stack instead of appearing on first write and outliving it.
         self.control_plane_logs = log_groups.group(
-            self, "ControlPlaneLogGroup", log_group_name=f"/aws/eks/{config.cluster_name}/cluster"
+            self, "ControlPlaneLogGroup", log_group_name=f"/aws/eks/{props.cluster_name}/cluster"
         )
         # The kubectl provider's Lambdas get a security group of the stack's own: on the
         # EKS-owned cluster security group their late-released ENIs keep EKS from deleting it,
@@ -55,7 +84,7 @@ class EksCluster(Construct):
         self.kubectl_security_group = ec2.SecurityGroup(
             self,
             "KubectlProviderSecurityGroup",
-            vpc=network.vpc,
+            vpc=vpc,
             description="kubectl/Helm provider Lambdas: out to the EKS API and chart repositories",
             allow_all_outbound=True,
         )
@@ -63,11 +92,11 @@ class EksCluster(Construct):
         self.cluster = eks.Cluster(
             self,
             "Resource",
-            cluster_name=config.cluster_name,
-            version=eks.KubernetesVersion.of(config.kubernetes_version),
-            vpc=network.vpc,
+            cluster_name=props.cluster_name,
+            version=eks.KubernetesVersion.of(props.kubernetes_version),
+            vpc=vpc,
             vpc_subnets=[private],
-            endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*config.endpoint_allowed_cidrs),
+            endpoint_access=eks.EndpointAccess.PUBLIC_AND_PRIVATE.only_from(*props.endpoint_allowed_cidrs),
             cluster_logging=list(eks.ClusterLoggingTypes),
             secrets_encryption_key=self.secrets_key,
             # Managed node groups, not Auto Mode; the add-ons below are installed as managed ones.
@@ -79,7 +108,7 @@ class EksCluster(Construct):
             # allow-list never locks CloudFormation out of its own cluster.
             kubectl_provider_options=eks.KubectlProviderOptions(
                 kubectl_layer=kubectl_layer,
-                private_subnets=network.vpc.private_subnets,
+                private_subnets=vpc.private_subnets,
                 security_groups=[self.kubectl_security_group],
             ),
         )
@@ -100,8 +129,6 @@ class EksCluster(Construct):
         nag.acknowledge(self.cluster.role, nag.CLUSTER_ROLE)
         if self.cluster.kubectl_provider is not None:
             nag.acknowledge(self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider))
-        for warning in config.warnings():
-            Annotations.of(self).add_warning_v2("eks-pd-serving:config", warning)
 
         node_addons = [
             eks.Addon(self, addon_id, cluster=self.handle, addon_name=name) for addon_id, name in _NODE_ADDONS.items()
@@ -113,21 +140,21 @@ class EksCluster(Construct):
             self,
             "SystemLaunchTemplate",
             launch_template_data=L.LaunchTemplateDataProperty(
-                block_device_mappings=[launch_template.root_volume(config.system_root_volume_gib)],
+                block_device_mappings=[launch_template.root_volume(props.system_root_volume_gib)],
                 metadata_options=launch_template.imds_v2(),
             ),
         )
         self.system_nodes = self.cluster.add_nodegroup_capacity(
             "SystemNodeGroup",
-            instance_types=[ec2.InstanceType(config.system_instance_type)],
+            instance_types=[ec2.InstanceType(props.system_instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
             launch_template_spec=eks.LaunchTemplateSpec(
                 id=self.system_launch_template.ref,
                 version=self.system_launch_template.attr_latest_version_number,
             ),
-            min_size=config.system_node_count,
-            desired_size=config.system_node_count,
-            max_size=config.system_node_count,
+            min_size=props.system_node_count,
+            desired_size=props.system_node_count,
+            max_size=props.system_node_count,
             labels=SYSTEM_NODE_LABELS,
             subnets=private,
         )
@@ -142,13 +169,13 @@ class EksCluster(Construct):
         # A person must reach the cluster after the first deploy: the named role, or a role of
         # the stack's that this account's principals may assume (their IAM permissions decide).
         self.admin_role: iam.Role | None = None
-        admin_role_arn = config.admin_role_arn
+        admin_role_arn = props.admin_role_arn
         if admin_role_arn is None:
             self.admin_role = iam.Role(
                 self,
                 "AdminRole",
                 assumed_by=iam.AccountRootPrincipal(),
-                description=f"Cluster admin of EKS cluster {config.cluster_name} (access entry)",
+                description=f"Cluster admin of EKS cluster {props.cluster_name} (access entry)",
             )
             self.admin_role.add_to_policy(
                 iam.PolicyStatement(actions=["eks:DescribeCluster"], resources=[self.cluster.cluster_arn])

@@ -12,23 +12,29 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from ._private import launch_template, nag
-from .config import DeploymentConfig
 from .layout import GpuGroup
-from .network import Network
 
 
 class EfaGpuNodeGroup(Construct):
-    """One GPU group's nodes in the GPU subnet, each with an EFA interface."""
+    """One GPU group's nodes in the GPU subnet, each with an EFA interface.
+
+    :param group: the group's instance type, node count, ids and labels (``layout.GpuGroup``).
+    :param cluster: the EKS cluster the nodes join.
+    :param vpc: the cluster's VPC (for the EFA security group).
+    :param subnet: the one private subnet of the GPU AZ.
+    :param root_volume_gib: encrypted gp3 root volume per node (images, model cache). Default: 200.
+    """
 
     def __init__(
         self,
         scope: Construct,
         id: str,
         *,
-        config: DeploymentConfig,
         group: GpuGroup,
-        network: Network,
         cluster: eks.Cluster,
+        vpc: ec2.IVpc,
+        subnet: ec2.ISubnet,
+        root_volume_gib: int = 200,
     ) -> None:
         super().__init__(scope, id)
         # EFA traffic must be allowed to and from the group itself; allow_all_outbound already
@@ -36,7 +42,7 @@ class EfaGpuNodeGroup(Construct):
         self.security_group = ec2.SecurityGroup(
             self,
             "EfaSecurityGroup",
-            vpc=network.vpc,
+            vpc=vpc,
             description="EFA: all traffic between GPU nodes",
             allow_all_outbound=True,
         )
@@ -60,7 +66,7 @@ class EfaGpuNodeGroup(Construct):
                     )
                 ],
                 metadata_options=launch_template.imds_v2(),
-                block_device_mappings=[launch_template.root_volume(config.gpu_root_volume_gib)],
+                block_device_mappings=[launch_template.root_volume(root_volume_gib)],
                 placement=L.PlacementProperty(group_name=self.placement_group.ref),
             ),
         )
@@ -77,6 +83,6 @@ class EfaGpuNodeGroup(Construct):
             desired_size=group.node_count,
             max_size=group.node_count,
             labels=group.node_labels,
-            subnets=ec2.SubnetSelection(subnets=[network.gpu_subnet]),
+            subnets=ec2.SubnetSelection(subnets=[subnet]),
         )
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

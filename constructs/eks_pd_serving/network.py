@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Aws, Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
@@ -9,36 +11,52 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from .config import ConfigError, DeploymentConfig
+from .config import ConfigError
 
 _DEFAULT_MAX_AZS = 2
 
 
 class Network(Construct):
     """VPC for the cluster, new or brought; ``gpu_subnet`` is the one private subnet of the GPU
-    node groups."""
+    node groups.
 
-    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
+    :param vpc: an existing VPC with private subnets (with egress) in two or more AZs; its NAT and
+        flow logs stay its owner's. Default: a new VPC (10.0.0.0/16, public and private subnets,
+        NAT, flow logs into a KMS-encrypted group kept one year).
+    :param availability_zones: AZs of a new VPC. Default: the region's first two.
+    :param nat_gateways: NAT gateways of a new VPC. Default: 1.
+    :param gpu_availability_zone: AZ of the GPU subnet (EFA does not cross AZs). Default: the AZ
+        of the first private subnet.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        vpc: ec2.IVpc | None = None,
+        availability_zones: Sequence[str] | None = None,
+        nat_gateways: int = 1,
+        gpu_availability_zone: str | None = None,
+    ) -> None:
         super().__init__(scope, id)
         if vpc is not None:
-            # A brought VPC keeps its owner's NAT and flow-log setup; only its subnets are used.
             self.vpc = vpc
             self._check_brought_vpc(vpc)
         else:
-            self.vpc = self._new_vpc(config)
-        # EFA does not cross AZs: the whole GPU group lives in one subnet. Without a named AZ
-        # the first private subnet is chosen, which is stable across synths.
-        self.gpu_subnet = self._gpu_subnet(config.gpu_availability_zone)
+            self.vpc = self._new_vpc(availability_zones, nat_gateways)
+        # Without a named AZ the first private subnet is chosen, which is stable across synths.
+        self.gpu_subnet = self._gpu_subnet(gpu_availability_zone)
 
-    def _new_vpc(self, config: DeploymentConfig) -> ec2.IVpc:
-        azs = list(config.availability_zones) if config.availability_zones else None
+    def _new_vpc(self, availability_zones: Sequence[str] | None, nat_gateways: int) -> ec2.IVpc:
+        azs = list(availability_zones) if availability_zones else None
         vpc = ec2.Vpc(
             self,
             "Resource",
             ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
             availability_zones=azs,
             max_azs=None if azs else _DEFAULT_MAX_AZS,
-            nat_gateways=config.nat_gateways,
+            nat_gateways=nat_gateways,
             subnet_configuration=[
                 ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC, cidr_mask=24),
                 # /19: room for the VPC CNI's one IP per pod on every node.

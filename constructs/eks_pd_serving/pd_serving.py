@@ -1,14 +1,17 @@
 """The whole deployment as one construct: VPC to RayService. This is what an account-vending
-pipeline imports; `app.py` is one user of it."""
+pipeline imports; `app.py` is one user of it. It is the one place that maps the settings
+(``DeploymentConfig``) to each construct's own props."""
 
 from __future__ import annotations
 
+from aws_cdk import Annotations, Aws
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
+from . import versions
 from .capacity.checks import GroupNeed
 from .capacity_check import GpuCapacityCheck
-from .cluster import EksCluster
+from .cluster import EksCluster, EksClusterProps
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
 from .gpu_node_group import EfaGpuNodeGroup
@@ -16,6 +19,7 @@ from .kuberay_operator import KubeRayOperator
 from .log_groups import LogGroups
 from .network import Network
 from .ray_service import RayServiceManifest
+from .ray_service_props import ray_service_props
 
 
 class PdServing(Construct):
@@ -31,7 +35,14 @@ class PdServing(Construct):
         super().__init__(scope, id)
         self.config = config
         self._refuse_duplicate_cluster_name()
-        self.network = Network(self, "Network", config=config, vpc=vpc)
+        self.network = Network(
+            self,
+            "Network",
+            vpc=vpc,
+            availability_zones=config.availability_zones,
+            nat_gateways=config.nat_gateways,
+            gpu_availability_zone=config.gpu_availability_zone,
+        )
         self.log_groups = LogGroups(self, "Logs", retention_days=config.log_retention_days)
         # Before the cluster: a GPU AZ or quota that cannot work fails the deploy in minutes.
         self.capacity_check = GpuCapacityCheck(
@@ -42,17 +53,34 @@ class PdServing(Construct):
             groups=[GroupNeed(group.name, group.instance_type, group.node_count) for group in config.gpu_groups],
             log_groups=self.log_groups,
         )
-        self.eks = EksCluster(self, "Cluster", config=config, network=self.network, log_groups=self.log_groups)
+        self.eks = EksCluster(
+            self,
+            "Cluster",
+            props=EksClusterProps(
+                cluster_name=config.cluster_name,
+                kubernetes_version=config.kubernetes_version,
+                endpoint_allowed_cidrs=config.endpoint_allowed_cidrs,
+                admin_role_arn=config.admin_role_arn,
+                system_instance_type=config.system_instance_type,
+                system_node_count=config.system_node_count,
+                system_root_volume_gib=config.system_root_volume_gib,
+            ),
+            vpc=self.network.vpc,
+            log_groups=self.log_groups,
+        )
+        for warning in config.warnings():
+            Annotations.of(self.eks).add_warning_v2("eks-pd-serving:config", warning)
         self.eks.cluster.node.add_dependency(self.capacity_check)
         cluster = self.eks.cluster
         self.gpu_node_groups = [
             EfaGpuNodeGroup(
                 self,
                 group.construct_id,
-                config=config,
                 group=group,
-                network=self.network,
                 cluster=cluster,
+                vpc=self.network.vpc,
+                subnet=self.network.gpu_subnet,
+                root_volume_gib=config.gpu_root_volume_gib,
             )
             for group in config.gpu_groups
         ]
@@ -71,7 +99,7 @@ class PdServing(Construct):
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
-            config=config,
+            props=ray_service_props(config, config.image or versions.ray_image_uri(config.region or Aws.REGION)),
             cluster=cluster,
             depends_on=[self.kuberay, self.device_plugins, self.eks.system_nodes, *gpu_nodegroups],
         )

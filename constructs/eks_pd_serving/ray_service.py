@@ -2,32 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import cdk8s
-from aws_cdk import Aws
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from . import versions
-from .config import DeploymentConfig
 from .k8s import RayServiceChart, RayServiceProps
-from .ray_service_props import ray_service_props
 
 
 class RayServiceManifest(Construct):
-    """The RayService (and its namespace) as one Kubernetes manifest."""
+    """The RayService (and its namespace) as one Kubernetes manifest.
+
+    :param props: the chart's typed props (``ray_service_props`` builds them from the settings).
+    :param cluster: the cluster the manifest is applied to.
+    :param depends_on: what must exist first and be deleted after (operator, plugins, nodes).
+    """
 
     def __init__(
         self,
         scope: Construct,
         id: str,
         *,
-        config: DeploymentConfig,
+        props: RayServiceProps,
         cluster: eks.Cluster,
-        depends_on: list[Construct],
+        depends_on: Sequence[Construct] = (),
     ) -> None:
         super().__init__(scope, id)
-        image = config.image or versions.ray_image_uri(config.region or Aws.REGION)
-        self.props: RayServiceProps = ray_service_props(config, image)
+        self.props = props
         self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         # Created after, and so deleted before, the operator, the device plugins and the node
