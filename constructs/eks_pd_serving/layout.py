@@ -8,6 +8,7 @@ pinned by its own labels and a Ray resource only its workers offer.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .catalog import INSTANCE_TYPES, InstanceFacts
@@ -67,3 +68,29 @@ class GpuGroup:
     def placement_resource(self) -> str | None:
         """The Ray resource that pins a phase to its own worker group (per_phase only)."""
         return None if self.shared else f"{self.name}_gpu"
+
+
+def gpu_groups(
+    gpu_layout: str,
+    *,
+    gpu: tuple[str, int],
+    per_phase: Mapping[str, tuple[str | None, int | None]],
+) -> list[GpuGroup]:
+    """The groups of a layout: ``gpu`` is the shared (type, count), ``per_phase`` each phase's
+    own (type or None for the shared type, count or None for one node)."""
+    if gpu_layout == "shared":
+        return [GpuGroup("gpu", PHASES, gpu[0], gpu[1], "gpu_instance_type", "gpu_node_count")]
+    groups = []
+    for phase in PHASES:
+        instance_type, node_count = per_phase[phase]
+        groups.append(
+            GpuGroup(
+                phase,
+                (phase,),
+                instance_type or gpu[0],
+                node_count or 1,
+                f"{phase}_gpu_instance_type" if instance_type else "gpu_instance_type",
+                f"{phase}_gpu_node_count",
+            )
+        )
+    return groups

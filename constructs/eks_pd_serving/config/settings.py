@@ -1,0 +1,252 @@
+"""Every setting of the deployment, with its type, default and documentation. The rules that
+judge one value live in fields.py, those across settings in rules.py."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import versions
+from ..catalog import LOG_RETENTION_DAYS
+from .fields import NIXL_NETWORK_BACKENDS
+
+
+def _hint(text: str) -> dict[str, Any]:
+    """What a valid value looks like: the 'Fix: set <key> to ...' of a one-line error."""
+    return {"hint": text}
+
+
+class Settings(BaseModel):
+    """The fields. Defaults reproduce the AWS reference walkthrough."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    # --- cluster and network -------------------------------------------------------------
+    cluster_name: str = Field(
+        "ray-llm-multinode",
+        description="EKS cluster name. Default: ray-llm-multinode.",
+        json_schema_extra=_hint("1-100 letters, digits, '-' or '_', starting with a letter or digit"),
+    )
+    kubernetes_version: str = Field(
+        versions.DEFAULT_KUBERNETES_VERSION,
+        description="EKS Kubernetes version; the matching kubectl layer is chosen with it. Default: 1.35.",
+        json_schema_extra=_hint(f"one of {', '.join(versions.KUBERNETES_RELEASES)}"),
+    )
+    region: str | None = Field(
+        None,
+        description="AWS region, when known at synth. Default: none (environment-agnostic stack).",
+        json_schema_extra=_hint("a region name such as us-east-1"),
+    )
+    availability_zones: tuple[str, ...] | None = Field(
+        None,
+        description="AZs of the VPC (two or more). Default: the region's first two AZs.",
+        json_schema_extra=_hint("two or more AZ names of one region, comma-separated"),
+    )
+    gpu_availability_zone: str | None = Field(
+        None,
+        description=(
+            "AZ of the GPU node group (EFA does not cross AZs); must be one of availability_zones. "
+            "Default: the VPC's first AZ."
+        ),
+        json_schema_extra=_hint("an AZ name listed in availability_zones, such as us-east-1a"),
+    )
+    nat_gateways: int = Field(
+        1,
+        ge=1,
+        description="NAT gateways; one per AZ removes the single point of failure. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to the number of AZs"),
+    )
+    endpoint_allowed_cidrs: tuple[str, ...] = Field(
+        ("0.0.0.0/0",),
+        min_length=1,
+        description="IPv4 CIDRs allowed to reach the public API endpoint. Default: 0.0.0.0/0 (warns).",
+        json_schema_extra=_hint("IPv4 CIDRs such as 203.0.113.0/24, comma-separated"),
+    )
+    admin_role_arn: str | None = Field(
+        None,
+        description=(
+            "IAM role granted cluster admin through an access entry. Default: the stack creates a "
+            "cluster-admin role that principals of this account may assume (IAM decides who)."
+        ),
+        json_schema_extra=_hint("an IAM role ARN such as arn:aws:iam::123456789012:role/Admin"),
+    )
+    system_instance_type: str = Field(
+        "m7i.xlarge",
+        description="Instance type of the system node group (operator, Ray head). Default: m7i.xlarge.",
+        json_schema_extra=_hint("a type with at least 4 vCPUs and 16 GiB, such as m7i.xlarge"),
+    )
+    system_node_count: int = Field(
+        1,
+        ge=1,
+        le=10,
+        description="Nodes in the system node group. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to 10"),
+    )
+    system_root_volume_gib: int = Field(
+        100,
+        ge=80,
+        le=16384,
+        description=(
+            "gp3 root volume of each system node, GiB: the Ray head pulls the Ray LLM CUDA image "
+            "(tens of GB, held packed and unpacked during the pull). Default: 100."
+        ),
+        json_schema_extra=_hint("a whole number of GiB from 80 to 16384"),
+    )
+    log_retention_days: int = Field(
+        30,
+        description=(
+            "Retention of the log groups the stack owns (EKS control plane, Lambdas), days; "
+            "they are deleted with the stack. Default: 30."
+        ),
+        json_schema_extra=_hint(f"one of CloudWatch's retention periods: {', '.join(map(str, LOG_RETENTION_DAYS))}"),
+    )
+    gpu_instance_type: str = Field(
+        "g6.8xlarge",
+        description="Instance type of the GPU node group; needs a GPU and EFA. Default: g6.8xlarge.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
+    )
+    gpu_node_count: int = Field(
+        2,
+        ge=1,
+        le=16,
+        description="Nodes in the GPU node group (one Ray worker pod each). Default: 2.",
+        json_schema_extra=_hint("a whole number from 1 to 16"),
+    )
+    gpu_root_volume_gib: int = Field(
+        200,
+        ge=100,
+        le=16384,
+        description="gp3 root volume of each GPU node, GiB (images and model cache). Default: 200.",
+        json_schema_extra=_hint("a whole number of GiB from 100 to 16384"),
+    )
+
+    gpu_layout: Literal["shared", "per_phase"] = Field(
+        "shared",
+        description=(
+            "shared: one GPU node group runs both phases (the walkthrough). per_phase: prefill and "
+            "decode each get their own GPU node group and Ray worker group. Default: shared."
+        ),
+        json_schema_extra=_hint("shared or per_phase"),
+    )
+    prefill_gpu_instance_type: str | None = Field(
+        None,
+        description="per_phase only: instance type of the prefill node group. Default: gpu_instance_type.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6e.8xlarge"),
+    )
+    prefill_gpu_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="per_phase only: nodes in the prefill node group. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to 16"),
+    )
+    decode_gpu_instance_type: str | None = Field(
+        None,
+        description="per_phase only: instance type of the decode node group. Default: gpu_instance_type.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
+    )
+    decode_gpu_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="per_phase only: nodes in the decode node group. Default: 1.",
+        json_schema_extra=_hint("a whole number from 1 to 16"),
+    )
+
+    # --- serving -------------------------------------------------------------------------
+    namespace: str = Field(
+        "inference",
+        description="Kubernetes namespace of the RayService. Default: inference.",
+        json_schema_extra=_hint("a DNS-1123 label: lowercase letters, digits and '-', at most 63"),
+    )
+    ray_service_name: str = Field(
+        "ray-llm",
+        description="Name of the RayService; the serve service is <name>-serve-svc. Default: ray-llm.",
+        json_schema_extra=_hint("lowercase letters, digits and '-', starting with a letter, at most 40"),
+    )
+    image: str | None = Field(
+        None,
+        description="Ray image of head and workers. Default: the Ray LLM DLC in the stack's region.",
+        json_schema_extra=_hint("an image reference without spaces"),
+    )
+    model_id: str = Field(
+        "qwen3.5-9b",
+        description="Model name clients send in requests. Default: qwen3.5-9b.",
+        json_schema_extra=_hint("a name without spaces"),
+    )
+    model_source: str = Field(
+        "Qwen/Qwen3.5-9B",
+        description="Hugging Face repository (or path) of the weights. Default: Qwen/Qwen3.5-9B.",
+        json_schema_extra=_hint("a Hugging Face repository such as Qwen/Qwen3.5-9B"),
+    )
+    max_model_len: int = Field(
+        4096,
+        ge=16,
+        description="Longest prompt plus completion, tokens. Default: 4096.",
+        json_schema_extra=_hint("a whole number of tokens, at least 16"),
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        "bfloat16",
+        description="Weight and activation dtype. Default: bfloat16.",
+        json_schema_extra=_hint("one of auto, bfloat16, float16, float32"),
+    )
+    gpu_memory_utilization: float = Field(
+        0.90,
+        gt=0.0,
+        le=0.98,
+        description="Fraction of GPU memory vLLM may use. Default: 0.90.",
+        json_schema_extra=_hint("a number above 0 and at most 0.98"),
+    )
+    prefill_enforce_eager: bool = Field(
+        True,
+        description="Disable CUDA graphs on prefill. Default: true.",
+        json_schema_extra=_hint("true or false"),
+    )
+    decode_enforce_eager: bool = Field(
+        True,
+        description="Disable CUDA graphs on decode. Default: true.",
+        json_schema_extra=_hint("true or false"),
+    )
+    prefill_replicas: int = Field(
+        1,
+        ge=1,
+        description="Prefill engine replicas. Default: 1.",
+        json_schema_extra=_hint("a whole number, at least 1"),
+    )
+    decode_replicas: int = Field(
+        1,
+        ge=1,
+        description="Decode engine replicas. Default: 1.",
+        json_schema_extra=_hint("a whole number, at least 1"),
+    )
+    prefill_tensor_parallel_size: int = Field(
+        1,
+        description="GPUs per prefill replica. Default: 1.",
+        json_schema_extra=_hint("1, 2, 4 or 8"),
+    )
+    decode_tensor_parallel_size: int = Field(
+        1,
+        description="GPUs per decode replica. Default: 1.",
+        json_schema_extra=_hint("1, 2, 4 or 8"),
+    )
+    kv_backend: str = Field(
+        "LIBFABRIC",
+        description="NIXL backend that moves the KV cache; LIBFABRIC uses EFA. Default: LIBFABRIC.",
+        json_schema_extra=_hint(f"one of {', '.join(NIXL_NETWORK_BACKENDS)}"),
+    )
+    ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
+        "None",
+        description=(
+            "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray "
+            "cluster; cluster-config changes wait until the RayCluster is recreated (README, Updates). "
+            "NewCluster: a second Ray cluster is built beside the first (needs spare GPU nodes). "
+            "Default: None."
+        ),
+        json_schema_extra=_hint("None or NewCluster"),
+    )
+    kv_buffer_device: Literal["cuda", "cpu"] = Field(
+        "cuda",
+        description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing. Default: cuda.",
+        json_schema_extra=_hint("cuda or cpu"),
+    )
