@@ -12,30 +12,7 @@ import cdk8s
 from constructs import Construct
 
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
-from .specs import (
-    DASHBOARD_PORT,
-    SERVE_PORT,
-    EngineSpec,
-    KvTransferSpec,
-    ModelSpec,
-    PodResources,
-    RayServiceProps,
-    WorkerGroupSpec,
-)
-
-__all__ = [
-    "DASHBOARD_PORT",
-    "SERVE_PORT",
-    "EngineSpec",
-    "KvTransferSpec",
-    "ModelSpec",
-    "PodResources",
-    "RayServiceChart",
-    "RayServiceProps",
-    "WorkerGroupSpec",
-    "ray_service_spec",
-    "serve_config_yaml",
-]
+from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayServiceProps, WorkerGroupSpec
 
 
 class RayServiceChart(cdk8s.Chart):

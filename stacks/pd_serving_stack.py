@@ -8,7 +8,7 @@ from aws_cdk import Aws, CfnOutput, Stack
 from constructs import Construct
 
 from eks_pd_serving.config import DeploymentConfig
-from eks_pd_serving.k8s.ray_service import SERVE_PORT
+from eks_pd_serving.k8s.specs import SERVE_PORT
 from eks_pd_serving.pd_serving import PdServing
 
 

@@ -40,8 +40,8 @@ def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
          "ScalingConfig": {"DesiredSize": 3, "MaxSize": 3, "MinSize": 3}},
     )  # fmt: skip
     template.has_resource_properties("AWS::EKS::Nodegroup", {"InstanceTypes": ["m7i.2xlarge"]})
+    gpu_volume = Match.object_like({"Ebs": Match.object_like({"VolumeSize": 200})})
     template.has_resource_properties(
-        "AWS::EC2::LaunchTemplate",
-        {"LaunchTemplateData": Match.object_like({"BlockDeviceMappings": [Match.object_like({"Ebs": Match.object_like({"VolumeSize": 200})})]})},
-    )  # fmt: skip
+        "AWS::EC2::LaunchTemplate", {"LaunchTemplateData": Match.object_like({"BlockDeviceMappings": [gpu_volume]})}
+    )
     assert isinstance(network.vpc, ec2.Vpc)

@@ -6,16 +6,15 @@ import importlib
 from dataclasses import dataclass
 from typing import cast
 
-from aws_cdk import Duration, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
 from . import versions
 from ._private import launch_template, nag
+from ._private.kms import rotating_key
 from .layout import SYSTEM_NODE_LABELS
 from .log_groups import LogGroups
 
@@ -65,13 +64,8 @@ class EksCluster(Construct):
         layer_class = getattr(importlib.import_module(release.kubectl_layer_module), release.kubectl_layer_class)
         kubectl_layer: lambda_.ILayerVersion = layer_class(self, "KubectlLayer")
 
-        self.secrets_key = kms.Key(
-            self,
-            "SecretsKey",
-            description=f"Envelope encryption of Kubernetes secrets in {props.cluster_name}",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(30),
+        self.secrets_key = rotating_key(
+            self, "SecretsKey", f"Envelope encryption of Kubernetes secrets in {props.cluster_name}"
         )
         # EKS writes control-plane logs here; created first, so the group is ours and goes with
         # the stack instead of appearing on first write and outliving it.
@@ -148,10 +142,7 @@ class EksCluster(Construct):
             "SystemNodeGroup",
             instance_types=[ec2.InstanceType(props.system_instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_STANDARD,
-            launch_template_spec=eks.LaunchTemplateSpec(
-                id=self.system_launch_template.ref,
-                version=self.system_launch_template.attr_latest_version_number,
-            ),
+            launch_template_spec=launch_template.latest(self.system_launch_template),
             min_size=props.system_node_count,
             desired_size=props.system_node_count,
             max_size=props.system_node_count,

@@ -36,25 +36,11 @@ class GpuDevicePlugins(Construct):
     def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
         self.nvidia = helm_chart(
-            self,
-            "NvidiaDevicePlugin",
-            cluster=cluster,
-            chart="nvidia-device-plugin",
-            repository=versions.NVIDIA_DEVICE_PLUGIN_REPOSITORY,
-            version=versions.NVIDIA_DEVICE_PLUGIN_VERSION,
-            release=NVIDIA_RELEASE,
-            namespace=NAMESPACE,
-            values={"affinity": _GPU_NODE_AFFINITY},
-        )
+            self, "NvidiaDevicePlugin", cluster=cluster, pin=versions.NVIDIA_DEVICE_PLUGIN_CHART,
+            release=NVIDIA_RELEASE, namespace=NAMESPACE, values={"affinity": _GPU_NODE_AFFINITY},
+        )  # fmt: skip
         self.efa = helm_chart(
-            self,
-            "EfaDevicePlugin",
-            cluster=cluster,
-            chart="aws-efa-k8s-device-plugin",
-            repository=versions.EFA_DEVICE_PLUGIN_REPOSITORY,
-            version=versions.EFA_DEVICE_PLUGIN_VERSION,
-            release=EFA_RELEASE,
-            namespace=NAMESPACE,
-            values={"nodeSelector": GPU_NODE_LABELS},
-        )
+            self, "EfaDevicePlugin", cluster=cluster, pin=versions.EFA_DEVICE_PLUGIN_CHART,
+            release=EFA_RELEASE, namespace=NAMESPACE, values={"nodeSelector": GPU_NODE_LABELS},
+        )  # fmt: skip
         self.charts = [self.nvidia, self.efa]

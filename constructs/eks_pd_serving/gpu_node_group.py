@@ -75,10 +75,7 @@ class EfaGpuNodeGroup(Construct):
             group.nodegroup_id,
             instance_types=[ec2.InstanceType(group.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
-            launch_template_spec=eks.LaunchTemplateSpec(
-                id=self.launch_template.ref,
-                version=self.launch_template.attr_latest_version_number,
-            ),
+            launch_template_spec=launch_template.latest(self.launch_template),
             min_size=group.node_count,
             desired_size=group.node_count,
             max_size=group.node_count,

@@ -4,13 +4,13 @@ stack."""
 
 from __future__ import annotations
 
-from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, Duration, RemovalPolicy, Stack
+from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, RemovalPolicy, Stack
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct, IConstruct
 
+from ._private.kms import rotating_key
 from .catalog import LOG_RETENTION_DAYS
 
 _LAMBDA_TYPE = "AWS::Lambda::Function"
@@ -33,14 +33,7 @@ class LogGroups(Construct):
         super().__init__(scope, id)
         self.retention_days = retention_days
         self.retention = retention(retention_days)
-        self.key = kms.Key(
-            self,
-            "Key",
-            description="Encryption of the deployment's CloudWatch log groups",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(30),
-        )
+        self.key = rotating_key(self, "Key", "Encryption of the deployment's CloudWatch log groups")
         self.key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com"))
 
     def group(self, scope: Construct, id: str, *, log_group_name: str | None = None) -> logs.LogGroup:

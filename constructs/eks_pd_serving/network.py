@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Aws, Duration, RemovalPolicy
+from aws_cdk import Aws, RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from ._private.kms import rotating_key
 from .config import ConfigError
 
 _DEFAULT_MAX_AZS = 2
@@ -63,14 +63,7 @@ class Network(Construct):
                 ec2.SubnetConfiguration(name="Private", subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS, cidr_mask=19),
             ],
         )
-        self.flow_log_key = kms.Key(
-            self,
-            "FlowLogKey",
-            description="Encryption of the VPC flow log group",
-            enable_key_rotation=True,
-            removal_policy=RemovalPolicy.DESTROY,
-            pending_window=Duration.days(30),
-        )
+        self.flow_log_key = rotating_key(self, "FlowLogKey", "Encryption of the VPC flow log group")
         self.flow_log_key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com"))
         self.flow_log_group = logs.LogGroup(
             self,

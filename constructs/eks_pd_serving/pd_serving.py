@@ -4,6 +4,8 @@ pipeline imports; `app.py` is one user of it. It is the one place that maps the 
 
 from __future__ import annotations
 
+import dataclasses
+
 from aws_cdk import Annotations, Aws
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
@@ -56,15 +58,7 @@ class PdServing(Construct):
         self.eks = EksCluster(
             self,
             "Cluster",
-            props=EksClusterProps(
-                cluster_name=config.cluster_name,
-                kubernetes_version=config.kubernetes_version,
-                endpoint_allowed_cidrs=config.endpoint_allowed_cidrs,
-                admin_role_arn=config.admin_role_arn,
-                system_instance_type=config.system_instance_type,
-                system_node_count=config.system_node_count,
-                system_root_volume_gib=config.system_root_volume_gib,
-            ),
+            props=_same_named(EksClusterProps, config),
             vpc=self.network.vpc,
             log_groups=self.log_groups,
         )
@@ -118,3 +112,9 @@ class PdServing(Construct):
                     f"cluster_name={self.config.cluster_name!r} is already used by {other.node.path} in this app. "
                     "Fix: give each deployment its own cluster_name"
                 )
+
+
+def _same_named(props_class: type[EksClusterProps], config: DeploymentConfig) -> EksClusterProps:
+    """Props whose fields are named like settings take the settings' values: the mapping
+    cannot drop or misroute one."""
+    return props_class(**{field.name: getattr(config, field.name) for field in dataclasses.fields(props_class)})

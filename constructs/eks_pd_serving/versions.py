@@ -91,3 +91,21 @@ RAY_VERSION: Final = "2.58.0"
 def ray_image_uri(region: str) -> str:
     """The Ray LLM DLC image in ``region`` (a CloudFormation token is fine)."""
     return f"{RAY_IMAGE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{RAY_IMAGE_REPOSITORY}:{RAY_IMAGE_TAG}"
+
+
+@dataclass(frozen=True)
+class ChartPin:
+    """A Helm chart at one version, from one repository."""
+
+    chart: str
+    repository: str
+    version: str
+
+
+KUBERAY_CHART: Final = ChartPin("kuberay-operator", KUBERAY_CHART_REPOSITORY, KUBERAY_VERSION)
+NVIDIA_DEVICE_PLUGIN_CHART: Final = ChartPin(
+    "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_REPOSITORY, NVIDIA_DEVICE_PLUGIN_VERSION
+)
+EFA_DEVICE_PLUGIN_CHART: Final = ChartPin(
+    "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_REPOSITORY, EFA_DEVICE_PLUGIN_VERSION
+)

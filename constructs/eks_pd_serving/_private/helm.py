@@ -9,6 +9,8 @@ from aws_cdk import Duration
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from ..versions import ChartPin
+
 TIMEOUT = Duration.minutes(10)
 
 
@@ -17,9 +19,7 @@ def helm_chart(
     id: str,
     *,
     cluster: eks.ICluster,
-    chart: str,
-    repository: str,
-    version: str,
+    pin: ChartPin,
     release: str,
     namespace: str,
     values: dict[str, Any],
@@ -29,9 +29,9 @@ def helm_chart(
         scope,
         id,
         cluster=cluster,
-        chart=chart,
-        repository=repository,
-        version=version,
+        chart=pin.chart,
+        repository=pin.repository,
+        version=pin.version,
         release=release,
         namespace=namespace,
         values=values,

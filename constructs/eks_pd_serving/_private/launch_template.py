@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
 
 # The root device of the AL2023 EKS AMIs.
 ROOT_DEVICE = "/dev/xvda"
@@ -23,3 +24,8 @@ def imds_v2() -> _L.MetadataOptionsProperty:
     return _L.MetadataOptionsProperty(
         http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=IMDS_HOP_LIMIT
     )
+
+
+def latest(launch_template: ec2.CfnLaunchTemplate) -> eks.LaunchTemplateSpec:
+    """A managed node group follows the template's latest version (a change rolls the nodes)."""
+    return eks.LaunchTemplateSpec(id=launch_template.ref, version=launch_template.attr_latest_version_number)
