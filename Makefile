@@ -58,7 +58,7 @@ rehearse: $(VENV_REHEARSE)/.deps synth
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
-	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal
+	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal tests
 
 test: $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps lint
 	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python \

@@ -102,7 +102,9 @@ def test_the_capacity_check_runs_outside_the_vpc_with_read_only_permissions(
     check = default_stack.serving.capacity_check
     function = template.to_json()["Resources"][logical_id(check.function)]["Properties"]
     assert "VpcConfig" not in function and function["Timeout"] == 120
-    policy = template.to_json()["Resources"][logical_id(check.function.role.node.find_child("DefaultPolicy"))]
+    role = check.function.role
+    assert role is not None
+    policy = template.to_json()["Resources"][logical_id(role.node.find_child("DefaultPolicy"))]
     actions = {a for s in policy["Properties"]["PolicyDocument"]["Statement"] for a in _list(s["Action"])}
     assert actions == {
         "ec2:DescribeInstanceTypes", "ec2:DescribeInstanceTypeOfferings", "ec2:DescribeInstances",

@@ -15,7 +15,7 @@ from stacks.pd_serving_stack import PdServingStack
 def _one(template: Template, type_: str) -> dict[str, Any]:
     found = template.find_resources(type_)
     assert len(found) == 1, f"expected one {type_}, found {len(found)}"
-    return next(iter(found.values()))
+    return dict(next(iter(found.values())))
 
 
 def test_vpc_has_public_and_private_subnets_in_two_azs_and_one_nat(template: Template) -> None:
@@ -195,7 +195,7 @@ def test_efa_security_group_allows_all_traffic_to_and_from_itself(
 def _helm(template: Template, release: str) -> dict[str, Any]:
     charts = template.find_resources("Custom::AWSCDK-EKS-HelmChart", {"Properties": {"Release": release}})
     assert len(charts) == 1, f"no single Helm release {release}"
-    return next(iter(charts.values()))["Properties"]
+    return dict(next(iter(charts.values()))["Properties"])
 
 
 def test_kuberay_operator_is_pinned_on_system_nodes(template: Template) -> None:

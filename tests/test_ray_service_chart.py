@@ -36,7 +36,8 @@ def ray_service(**settings: Any) -> dict[str, Any]:
 
 def serve_args(service: dict[str, Any]) -> dict[str, Any]:
     (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
-    return app["args"]
+    args: dict[str, Any] = app["args"]
+    return args
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ def resources(template: Template, type_: str) -> dict[str, Any]:
 
 def manifests(template_file: Path) -> list[dict[str, Any]]:
     """Every Kubernetes object embedded in the template, region token flattened."""
-    return kubernetes_objects(json.loads(template_file.read_text()))
+    objects: list[dict[str, Any]] = kubernetes_objects(json.loads(template_file.read_text()))
+    return objects
 
 
 # --- secure defaults ---------------------------------------------------------------------
@@ -151,7 +152,7 @@ def test_helm_timeouts_stay_within_the_handler_lambda(template: Template) -> Non
 
 
 # --- deploy / destroy order ------------------------------------------------------------------
-def dependency_graph(template_json: dict[str, Any]) -> dict[str, set[str]]:
+def dependency_graph(template_json: Mapping[str, Any]) -> dict[str, set[str]]:
     """resource -> resources it needs (DependsOn, Ref, GetAtt); CloudFormation creates the
     needed ones first and deletes them last."""
     names = set(template_json["Resources"])

@@ -5,6 +5,7 @@ CPU rehearsal's virtualenv can use it too."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def templates(assembly: Path) -> dict[str, dict[str, Any]]:
     }
 
 
-def kubernetes_objects(template: dict[str, Any], region: str = REGION_PLACEHOLDER) -> list[dict[str, Any]]:
+def kubernetes_objects(template: Mapping[str, Any], region: str = REGION_PLACEHOLDER) -> list[dict[str, Any]]:
     objects: list[dict[str, Any]] = []
     for resource in template["Resources"].values():
         if resource["Type"] == MANIFEST_TYPE:
