@@ -30,6 +30,7 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             "dtype": model.dtype,
             "gpu_memory_utilization": model.gpu_memory_utilization,
             "enforce_eager": engine.enforce_eager,
+            **({"language_model_only": True} if model.language_model_only else {}),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "kv_transfer_config": {
                 "kv_connector": KV_CONNECTOR,

@@ -19,6 +19,8 @@ class ModelSpec:
     max_model_len: int
     dtype: str
     gpu_memory_utilization: float
+    # Text only: vLLM skips the vision tower (and its memory profiling) of a multimodal model.
+    language_model_only: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,8 +44,8 @@ def test_every_subcommand_has_help(command: str) -> None:
 def test_sizing_prints_the_default_deployment() -> None:
     result = cli("sizing")
     assert result.returncode == 0
-    assert "capacity 77089 tokens; 15 concurrent sequences of 4096 tokens" in result.stdout
-    assert "51.4 ms over EFA at 25 Gbps vs 256.9 ms over one TCP flow at 5 Gbps" in result.stdout
+    assert "251 blocks: capacity 54110 tokens; concurrency 13.21 sequences of 4096 tokens" in result.stdout
+    assert "54.2 ms over EFA at 25 Gbps vs 271.0 ms over one TCP flow at 5 Gbps" in result.stdout
 
 
 def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:
@@ -54,7 +54,7 @@ def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps(big))
     result = cli("sizing", "--config-json", str(tmp_path / "config.json"))
     assert result.returncode == 1
-    assert "does not fit: the weights need" in result.stdout
+    assert "does not fit: the weights and activations need" in result.stdout
 
 
 def test_bad_setting_is_one_line_and_exit_2() -> None:

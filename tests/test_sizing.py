@@ -1,16 +1,21 @@
-"""Sizing against figures worked out by hand for Qwen3.5-9B on one L4 (g6.8xlarge).
+"""Sizing against figures worked out by hand for Qwen3.5-9B on one L4 (g6.8xlarge), and against
+what vLLM 0.26.0's own profiler reported for the same shape (../shared/gpu/kv-capacity-2026-11-30.txt).
 
-By hand:
-  GPU memory     22,888 MiB (EC2 reports for the L4)         = 23,999,807,488 B
-  usable x 0.90                                              = 21,599,826,739 B
-  weights        9.0e9 params x 2 B (bf16)                    = 18,000,000,000 B
-  KV budget      usable - weights - 1 GiB reserve            =  2,526,084,915 B
-  KV per token   2 (K,V) x 8 full layers x 4 KV heads x 256 x 2 B = 32,768 B
-  linear state   24 layers x (32 x 128 x 128 + 3 x (2 x 16 x 128 + 32 x 128)) x 2 B = 26,345,472 B
-  capacity       2,526,084,915 // 32,768                      = 77,089 tokens
-  one sequence   4,096 x 32,768 + 26,345,472                  = 160,563,200 B
-  concurrent     2,526,084,915 // 160,563,200                 = 15
-  transfer       160,563,200 x 8 / 25e9 s = 51.38 ms (EFA); / 5e9 s = 256.90 ms (one TCP flow)
+By hand, text only (the default):
+  GPU memory     22,888 MiB (EC2 reports for the L4)                = 23,999,807,488 B
+  usable x 0.90                                                     = 21,599,826,739 B
+  weights        9.02e9 params x 2 B (bf16)                          = 18,040,000,000 B
+  activations    1.0 GiB peak + 0.23 GiB non-torch                   =  1,320,702,443 B
+  KV cache       usable - weights - activations                      =  2,239,124,296 B
+  Mamba page     3 x (2 x 16 x 128 + 32 x 128) x 2 + 32 x 128 x 128 x 2 = 1,097,728 B per layer
+  attention      2 x 4 KV heads x 256 x 2 B = 4,096 B per token per layer
+  block size     16 x ceil(1,097,728 / (16 x 4,096))                 = 272 tokens (page 1,114,112 B)
+  groups         8 full-attention layers: 1 group of 8; 24 linear: 3 groups of 8
+  block          8 layers x 1,114,112 B                              =      8,912,896 B
+  blocks         2,239,124,296 // 8,912,896                          = 251
+  per sequence   ceil(4,096 / 272) = 16 attention blocks + 3 linear  = 19 blocks (169,345,024 B)
+  concurrency    251 / 19 = 13.21; capacity 13.21 x 4,096           = 54,110 tokens
+  transfer       169,345,024 x 8 / 25e9 s = 54.19 ms (EFA); / 5e9 s = 270.95 ms (one TCP flow)
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ import pytest
 
 from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
 from eks_pd_serving.config import ConfigError, DeploymentConfig
-from eks_pd_serving.sizing import size
+from eks_pd_serving.sizing import GIB, size
 
 QWEN = MODELS["Qwen/Qwen3.5-9B"]
+L4 = INSTANCE_TYPES["g6.8xlarge"]
 
 
 def test_default_deployment_by_hand() -> None:
@@ -29,15 +35,55 @@ def test_default_deployment_by_hand() -> None:
     assert sizing is not None
     assert sizing.gpu_bytes == 23_999_807_488
     assert sizing.usable_bytes == 21_599_826_739
-    assert sizing.weight_bytes == 18_000_000_000
-    assert sizing.kv_budget_bytes == 2_526_084_915
-    assert sizing.kv_bytes_per_token == 32_768
-    assert sizing.state_bytes_per_sequence == 26_345_472
-    assert sizing.kv_capacity_tokens == 77_089
-    assert sizing.bytes_per_full_sequence == 160_563_200
-    assert sizing.max_concurrent_sequences == 15
-    assert sizing.transfer_ms(25) == pytest.approx(51.38, abs=0.01)
-    assert sizing.transfer_ms(5) == pytest.approx(256.90, abs=0.01)
+    assert sizing.weight_bytes == 18_040_000_000
+    assert sizing.activation_bytes == 1_320_702_443
+    assert sizing.kv_budget_bytes == 2_239_124_296
+    assert (sizing.block_tokens, sizing.page_bytes, sizing.block_bytes) == (272, 1_114_112, 8_912_896)
+    assert (sizing.layers_per_group, sizing.attention_groups, sizing.linear_groups) == (8, 1, 3)
+    assert (sizing.num_blocks, sizing.blocks_per_sequence) == (251, 19)
+    assert sizing.concurrency == pytest.approx(251 / 19)
+    assert (sizing.kv_capacity_tokens, sizing.max_concurrent_sequences) == (54_110, 13)
+    assert sizing.bytes_per_full_sequence == 169_345_024
+    assert sizing.transfer_ms(25) == pytest.approx(54.19, abs=0.01)
+    assert sizing.transfer_ms(5) == pytest.approx(270.95, abs=0.01)
+
+
+# vLLM 0.26.0's profiler, Qwen3.5-9B shape, dummy weights, L4 budget emulated on an H200:
+# requested 20.03 GiB (0.143278 x torch's 139.8 GiB). (weights GiB, activation peak GiB,
+# available KV GiB, KV blocks, GPU KV cache tokens, maximum concurrency at 4,096 tokens)
+RECORDED = {
+    "multimodal": (17.66, 1.92, 0.22, 26, 5_605, 1.37),
+    "text only": (16.8, 1.0, 2.0, 240, 51_738, 12.63),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(RECORDED))
+def test_sizing_agrees_with_vllms_profiler_within_ten_percent(variant: str) -> None:
+    weights, peak, kv, blocks, tokens, concurrency = RECORDED[variant]
+    sizing = size(
+        QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0, max_model_len=4096,
+        multimodal=variant == "multimodal", gpu_bytes=int(20.03 * GIB),
+    )  # fmt: skip
+    assert sizing.weight_bytes / GIB == pytest.approx(weights, rel=0.10)
+    assert sizing.activation_bytes / GIB == pytest.approx(peak + 0.23, rel=0.10)  # + non-torch memory
+    assert sizing.num_blocks == pytest.approx(blocks, rel=0.10)
+    assert sizing.kv_budget_bytes / GIB == pytest.approx(kv, rel=0.10)
+    assert sizing.kv_capacity_tokens == pytest.approx(tokens, rel=0.10)
+    assert sizing.concurrency == pytest.approx(concurrency, rel=0.10)
+    print(
+        f"{variant}: KV {sizing.kv_budget_bytes / GIB:.3f} GiB vs {kv}, {sizing.kv_capacity_tokens} tokens vs {tokens}"
+    )
+
+
+@pytest.mark.parametrize("variant", sorted(RECORDED))
+def test_given_vllms_kv_memory_the_block_model_gives_vllms_block_count(variant: str) -> None:
+    """The block-size rule, the groups and the per-request blocks alone, with vLLM's own KV
+    memory: the same block count and concurrency as its log."""
+    *_, kv, blocks, tokens, concurrency = RECORDED[variant]
+    sizing = size(QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0, max_model_len=4096)
+    assert int(kv * GIB) // sizing.block_bytes == blocks
+    assert blocks / sizing.blocks_per_sequence == pytest.approx(concurrency, abs=0.005)
+    assert int(blocks / sizing.blocks_per_sequence * 4096) == pytest.approx(tokens, abs=1)
 
 
 def test_tensor_parallelism_splits_weights_and_kv() -> None:
@@ -45,34 +91,41 @@ def test_tensor_parallelism_splits_weights_and_kv() -> None:
         QWEN, INSTANCE_TYPES["g6.12xlarge"], dtype="bfloat16", tensor_parallel_size=2,
         gpu_memory_utilization=0.9, max_model_len=4096,
     )  # fmt: skip
-    assert sizing.weight_bytes == 9_000_000_000
+    assert sizing.weight_bytes == 9_020_000_000
     assert sizing.kv_bytes_per_token == 16_384
     assert sizing.state_bytes_per_sequence == 13_172_736
 
 
-def test_only_full_attention_layers_hold_per_token_kv() -> None:
+def test_a_dense_model_uses_16_token_blocks_in_one_group() -> None:
     dense = QWEN.__class__(params=QWEN.params, max_model_len=4096, num_layers=32, full_attention_layers=32,
                            num_kv_heads=4, head_dim=256)  # fmt: skip
-    sizing = size(dense, INSTANCE_TYPES["g6.8xlarge"], dtype="bfloat16", tensor_parallel_size=1,
-                  gpu_memory_utilization=0.9, max_model_len=4096)  # fmt: skip
-    assert sizing.kv_bytes_per_token == 4 * 32_768
-    assert sizing.state_bytes_per_sequence == 0
+    sizing = size(dense, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=0.9, max_model_len=4096)
+    assert sizing.kv_bytes_per_token == 4 * 32_768 and sizing.state_bytes_per_sequence == 0
+    assert (sizing.block_tokens, sizing.layers_per_group, sizing.blocks_per_sequence) == (16, 32, 256)
 
 
-def test_synth_rejects_a_context_the_kv_cache_cannot_hold() -> None:
-    # 65,536 tokens: 65,536 x 32,768 + 26,345,472 = 2,173,812,736 B <= 2,526,084,915: fits once.
-    assert DeploymentConfig.create(max_model_len=65_536).sizing("decode").max_concurrent_sequences == 1  # type: ignore[union-attr]
-    # 131,072 tokens: 4,321,378,304 B > budget.
-    with pytest.raises(
-        ConfigError, match=r"^max_model_len=131072 .* needs 4121 MiB of KV cache per GPU but only 2409 MiB"
-    ):
+def test_synth_rejects_what_vllm_would_refuse_to_start() -> None:
+    # 32,768 tokens: 121 attention blocks + 3 = 124 per sequence; 251 blocks fit: concurrency 2.02.
+    assert DeploymentConfig.create(max_model_len=32_768).sizing("decode").max_concurrent_sequences == 2  # type: ignore[union-attr]
+    # 131,072 tokens: 482 + 3 = 485 blocks per sequence > 251.
+    with pytest.raises(ConfigError, match=r"^max_model_len=131072 .* needs 485 KV blocks .* but only 251 fit"):
         DeploymentConfig.create(max_model_len=131_072)
 
 
+def test_the_vision_tower_is_refused_where_it_leaves_no_kv_cache() -> None:
+    # With the vision tower at gpu_memory_utilization 0.85: 19.00 GiB - 17.66 - 2.15 < 0.
+    with pytest.raises(ConfigError, match=r"the weights and activations need 19.8 GiB per GPU but .* leaves 19.0 GiB"):
+        DeploymentConfig.create(multimodal=True, gpu_memory_utilization=0.85)
+
+
+def test_low_concurrency_warns() -> None:
+    warnings = DeploymentConfig.create(multimodal=True).warnings()
+    assert any(w.startswith("prefill: only 1.89 sequences of max_model_len=4096") for w in warnings), warnings
+    assert not any("sequences of max_model_len" in w for w in DeploymentConfig().warnings())
+
+
 def test_synth_rejects_weights_that_do_not_fit() -> None:
-    with pytest.raises(
-        ConfigError, match=r"the weights need 33.5 GiB per GPU but gpu_memory_utilization leaves 20.1 GiB"
-    ):
+    with pytest.raises(ConfigError, match=r"the weights and activations need 34.8 GiB per GPU but"):
         DeploymentConfig.create(dtype="float32")
 
 

@@ -81,6 +81,11 @@ class ModelFacts:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # Measured by vLLM's profiling run (enforce_eager, max_num_batched_tokens 2048): the torch
+    # activation peak of the text model, and what profiling the vision encoder adds.
+    activation_peak_gib: float = 1.0
+    vision_params: float = 0.0  # the vision tower, loaded unless language_model_only
+    encoder_profile_peak_gib: float = 0.0
 
     @property
     def linear_layers(self) -> int:
@@ -96,8 +101,14 @@ class ModelFacts:
 # Keyed by Hugging Face model source.
 MODELS: Final[dict[str, ModelFacts]] = {
     # 32 layers: 24 Gated DeltaNet + 8 full attention (full_attention_interval 4); ~18 GB bf16.
+    # Weights and peaks as vLLM 0.26.0 measured them (../shared/gpu/kv-capacity-2026-11-30.txt):
+    # text model 16.8 GiB (9.02e9 bf16 parameters), with the vision tower 17.66 GiB; activation
+    # peak 1.0 GiB text-only, 1.92 GiB when it profiles the encoder with one maximum-size video.
     "Qwen/Qwen3.5-9B": ModelFacts(
-        params=9.0e9,
+        params=9.02e9,
+        vision_params=0.4617e9,
+        activation_peak_gib=1.0,
+        encoder_profile_peak_gib=0.92,
         max_model_len=262144,
         num_layers=32,
         full_attention_layers=8,

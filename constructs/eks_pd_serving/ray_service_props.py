@@ -63,6 +63,7 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
             max_model_len=config.max_model_len,
             dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
+            language_model_only=not config.multimodal,
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),

@@ -1,12 +1,23 @@
-"""Will the model and its KV cache fit, and how long does the KV take to move?
+"""Will the model and its KV cache fit, and how many sequences of max_model_len can run at once?
 
-A first-order estimate, in bytes, of what vLLM allocates on each GPU; every figure is a product
-of model facts (catalog.py), the dtype, the tensor-parallel size and the instance's GPU memory,
-so a reviewer can redo it by hand (tests/test_sizing.py does).
+Models what vLLM 0.26.0 allocates on each GPU, so that the synth gate refuses what vLLM would
+refuse. Every figure is a product of model facts (catalog.py), the dtype, the tensor-parallel
+size and the GPU's memory, so a reviewer can redo it by hand (tests/test_sizing.py does), and
+tests/test_sizing.py checks it against vLLM's own profiler log (../shared/gpu/kv-capacity-*.txt).
+
+vLLM's rules, as its log states them:
+- memory: KV cache = gpu_memory_utilization x GPU memory - weights - activation peak - non-torch
+  memory (all measured by its profiling run);
+- hybrid models (Gated DeltaNet + full attention): the attention block size is raised (in steps
+  of 16 tokens) until an attention page is at least a Mamba page, then the Mamba page is padded
+  to equal it; layers form KV-cache groups of equal size (the smaller layer count), and a request
+  takes ceil(max_model_len / block size) blocks in each attention group plus one block in each
+  linear-attention group. Dense models: 16-token blocks, one group of every layer.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .catalog import InstanceFacts, ModelFacts
@@ -14,9 +25,14 @@ from .catalog import InstanceFacts, ModelFacts
 GIB = 1024**3
 MIB = 1024**2
 DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
-# Activations, sampler and allocator slack that vLLM's profiling run claims beside weights
-# and KV cache (enforce_eager: no CUDA graphs). An estimate, kept deliberately round.
-ACTIVATION_RESERVE_BYTES = 1 * GIB
+# Beside the torch allocator: NCCL, cuBLAS workspaces (vLLM's "non-torch forward increase",
+# 0.23 GiB in the recorded runs).
+NON_TORCH_BYTES = int(0.23 * GIB)
+# Attention kernels want blocks in multiples of this many tokens.
+BLOCK_ALIGNMENT_TOKENS = 16
+DENSE_BLOCK_TOKENS = 16
+# Below this many concurrent max_model_len sequences per engine, synth warns.
+USEFUL_CONCURRENCY = 4
 # One TCP flow between EC2 instances is capped at 5 Gbps outside a placement group (10 inside);
 # NIXL over UCX on TCP runs one flow per peer, so 5 Gbps is what a silent UCX fallback gets.
 TCP_FLOW_GBPS = 5.0
@@ -27,72 +43,116 @@ class Sizing:
     gpu_bytes: int
     usable_bytes: int
     weight_bytes: int
-    kv_bytes_per_token: int
-    state_bytes_per_sequence: int
-    kv_budget_bytes: int
+    activation_bytes: int  # profiling peak plus non-torch memory
+    kv_bytes_per_token: int  # full-attention layers, all of them
+    state_bytes_per_sequence: int  # linear-attention layers, all of them
+    block_tokens: int
+    page_bytes: int  # one layer's share of one block
+    layers_per_group: int
+    attention_groups: int
+    linear_groups: int
     max_model_len: int
     network_gbps: float
 
     @property
-    def kv_capacity_tokens(self) -> int:
-        return max(0, self.kv_budget_bytes // self.kv_bytes_per_token) if self.kv_bytes_per_token else 0
+    def kv_budget_bytes(self) -> int:
+        return self.usable_bytes - self.weight_bytes - self.activation_bytes
 
     @property
-    def bytes_per_full_sequence(self) -> int:
-        return self.max_model_len * self.kv_bytes_per_token + self.state_bytes_per_sequence
+    def block_bytes(self) -> int:
+        return self.page_bytes * self.layers_per_group
+
+    @property
+    def num_blocks(self) -> int:
+        return max(0, self.kv_budget_bytes // self.block_bytes)
+
+    @property
+    def blocks_per_sequence(self) -> int:
+        return math.ceil(self.max_model_len / self.block_tokens) * self.attention_groups + self.linear_groups
+
+    @property
+    def concurrency(self) -> float:
+        """vLLM's 'Maximum concurrency for <max_model_len> tokens per request'."""
+        return self.num_blocks / self.blocks_per_sequence
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """vLLM's 'GPU KV cache size: N tokens' (concurrency x max_model_len)."""
+        return int(self.concurrency * self.max_model_len)
 
     @property
     def max_concurrent_sequences(self) -> int:
-        return max(0, self.kv_budget_bytes // self.bytes_per_full_sequence)
+        return math.floor(self.concurrency)
+
+    @property
+    def bytes_per_full_sequence(self) -> int:
+        """What NIXL moves for one max_model_len prompt: its blocks in every group."""
+        return self.blocks_per_sequence * self.block_bytes
 
     def transfer_ms(self, gbps: float) -> float:
-        """Time to move one max_model_len prompt's KV (and linear state) at ``gbps``."""
         return self.bytes_per_full_sequence * 8 / (gbps * 1e9) * 1e3
 
     def problems(self) -> list[str]:
         found = []
-        if self.weight_bytes > self.usable_bytes:
+        if self.weight_bytes + self.activation_bytes > self.usable_bytes:
             found.append(
-                f"the weights need {self.weight_bytes / GIB:.1f} GiB per GPU but "
-                f"gpu_memory_utilization leaves {self.usable_bytes / GIB:.1f} GiB"
+                f"the weights and activations need {(self.weight_bytes + self.activation_bytes) / GIB:.1f} GiB per "
+                f"GPU but gpu_memory_utilization leaves {self.usable_bytes / GIB:.1f} GiB"
             )
-        elif self.max_concurrent_sequences < 1:
+        elif self.concurrency < 1:
             found.append(
-                f"one max_model_len={self.max_model_len} sequence needs "
-                f"{self.bytes_per_full_sequence / MIB:.0f} MiB of KV cache per GPU but only "
-                f"{max(self.kv_budget_bytes, 0) / MIB:.0f} MiB is left after the weights "
-                f"(capacity {self.kv_capacity_tokens} tokens)"
+                f"one max_model_len={self.max_model_len} sequence needs {self.blocks_per_sequence} KV blocks "
+                f"({self.bytes_per_full_sequence / MIB:.0f} MiB) per GPU but only {self.num_blocks} fit in the "
+                f"{max(self.kv_budget_bytes, 0) / MIB:.0f} MiB left after weights and activations "
+                f"(vLLM refuses to start)"
             )
         return found
+
+    def warnings(self) -> list[str]:
+        if self.problems() or self.concurrency >= USEFUL_CONCURRENCY:
+            return []
+        return [
+            f"only {self.concurrency:.2f} sequences of max_model_len={self.max_model_len} fit the KV cache at "
+            f"once (vLLM's figure); below {USEFUL_CONCURRENCY} requests queue behind each other"
+        ]
 
     def summary(self) -> list[str]:
         return [
             f"GPU memory {self.gpu_bytes / GIB:.2f} GiB, usable {self.usable_bytes / GIB:.2f} GiB; "
-            f"weights {self.weight_bytes / GIB:.2f} GiB; KV budget {self.kv_budget_bytes / GIB:.2f} GiB "
-            f"(after a {ACTIVATION_RESERVE_BYTES / GIB:.0f} GiB activation reserve)",
-            f"KV {self.kv_bytes_per_token / 1024:.0f} KiB/token (full-attention layers only), linear-attention "
-            f"state {self.state_bytes_per_sequence / MIB:.1f} MiB/sequence",
-            f"capacity {self.kv_capacity_tokens} tokens; {self.max_concurrent_sequences} concurrent sequences "
-            f"of {self.max_model_len} tokens",
+            f"weights {self.weight_bytes / GIB:.2f} GiB; activations {self.activation_bytes / GIB:.2f} GiB; "
+            f"KV cache {self.kv_budget_bytes / GIB:.2f} GiB",
+            f"KV {self.kv_bytes_per_token / 1024:.0f} KiB/token (full-attention layers), linear-attention state "
+            f"{self.state_bytes_per_sequence / MIB:.1f} MiB/sequence; blocks of {self.block_tokens} tokens, "
+            f"{self.block_bytes / MIB:.2f} MiB each, {self.blocks_per_sequence} per sequence",
+            f"{self.num_blocks} blocks: capacity {self.kv_capacity_tokens} tokens; concurrency "
+            f"{self.concurrency:.2f} sequences of {self.max_model_len} tokens",
             f"one {self.max_model_len}-token prompt's KV: {self.bytes_per_full_sequence / MIB:.1f} MiB, "
             f"{self.transfer_ms(self.network_gbps):.1f} ms over EFA at {self.network_gbps:g} Gbps vs "
             f"{self.transfer_ms(TCP_FLOW_GBPS):.1f} ms over one TCP flow at {TCP_FLOW_GBPS:g} Gbps",
         ]
 
 
+def attention_bytes_per_token_per_layer(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
+    """K and V of one full-attention layer, heads split across tensor-parallel ranks."""
+    return 2 * model.num_kv_heads * model.head_dim * dtype_bytes // tp
+
+
 def kv_bytes_per_token(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
-    """K and V of every full-attention layer, heads split across tensor-parallel ranks."""
-    return 2 * model.full_attention_layers * model.num_kv_heads * model.head_dim * dtype_bytes // tp
+    return model.full_attention_layers * attention_bytes_per_token_per_layer(model, dtype_bytes, tp)
 
 
-def state_bytes_per_sequence(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
-    """Gated DeltaNet: a recurrent state (value heads x key dim x value dim) plus a convolution
-    window (kernel - 1 positions of the q, k and v projections), per linear layer."""
-    recurrent = model.linear_num_value_heads * model.linear_key_head_dim * model.linear_value_head_dim
+def mamba_bytes_per_layer(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
+    """Gated DeltaNet, one layer: a convolution window (kernel - 1 positions of the q, k and v
+    projections) plus the recurrent state (value heads x key dim x value dim)."""
     conv_dim = 2 * model.linear_num_key_heads * model.linear_key_head_dim
     conv_dim += model.linear_num_value_heads * model.linear_value_head_dim
     conv = max(model.linear_conv_kernel_dim - 1, 0) * conv_dim
-    return model.linear_layers * (recurrent + conv) * dtype_bytes // tp
+    recurrent = model.linear_num_value_heads * model.linear_key_head_dim * model.linear_value_head_dim
+    return (conv + recurrent) * dtype_bytes // tp
+
+
+def state_bytes_per_sequence(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
+    return model.linear_layers * mamba_bytes_per_layer(model, dtype_bytes, tp)
 
 
 def size(
@@ -103,19 +163,38 @@ def size(
     tensor_parallel_size: int,
     gpu_memory_utilization: float,
     max_model_len: int,
+    multimodal: bool = False,
+    gpu_bytes: int | None = None,
 ) -> Sizing:
-    """Per GPU, for one engine replica spread over ``tensor_parallel_size`` GPUs."""
+    """Per GPU, for one engine replica spread over ``tensor_parallel_size`` GPUs. ``gpu_bytes``
+    overrides the instance's GPU memory (to compare with a run on another GPU)."""
     dtype_bytes = DTYPE_BYTES[dtype]
-    gpu_bytes = instance.gpu_memory_mib * MIB
-    usable = int(gpu_bytes * gpu_memory_utilization)
-    weights = int(model.params * dtype_bytes) // tensor_parallel_size
+    tp = tensor_parallel_size
+    gpu_bytes = instance.gpu_memory_mib * MIB if gpu_bytes is None else gpu_bytes
+    params = model.params + (model.vision_params if multimodal else 0)
+    activation = model.activation_peak_gib + (model.encoder_profile_peak_gib if multimodal else 0)
+    per_token_layer = attention_bytes_per_token_per_layer(model, dtype_bytes, tp)
+    if model.hybrid:
+        mamba_page = mamba_bytes_per_layer(model, dtype_bytes, tp)
+        step = BLOCK_ALIGNMENT_TOKENS
+        block_tokens = step * math.ceil(mamba_page / (step * per_token_layer))
+        group = min(model.full_attention_layers, model.linear_layers)
+        attention_groups = math.ceil(model.full_attention_layers / group)
+        linear_groups = math.ceil(model.linear_layers / group)
+    else:
+        block_tokens, group, attention_groups, linear_groups = DENSE_BLOCK_TOKENS, model.num_layers, 1, 0
     return Sizing(
         gpu_bytes=gpu_bytes,
-        usable_bytes=usable,
-        weight_bytes=weights,
-        kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes, tensor_parallel_size),
-        state_bytes_per_sequence=state_bytes_per_sequence(model, dtype_bytes, tensor_parallel_size),
-        kv_budget_bytes=usable - weights - ACTIVATION_RESERVE_BYTES,
+        usable_bytes=int(gpu_bytes * gpu_memory_utilization),
+        weight_bytes=int(params * dtype_bytes) // tp,
+        activation_bytes=int(activation * GIB) + NON_TORCH_BYTES,
+        kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes, tp),
+        state_bytes_per_sequence=state_bytes_per_sequence(model, dtype_bytes, tp),
+        block_tokens=block_tokens,
+        page_bytes=block_tokens * per_token_layer,
+        layers_per_group=group,
+        attention_groups=attention_groups,
+        linear_groups=linear_groups,
         max_model_len=max_model_len,
         network_gbps=instance.network_gbps,
     )

@@ -56,6 +56,7 @@ class DeploymentConfig(Settings, FieldRules):
             tensor_parallel_size=getattr(self, f"{phase}_tensor_parallel_size"),
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_model_len=self.max_model_len,
+            multimodal=self.multimodal,
         )
 
     def gpus_for(self, phase: str) -> int:
@@ -87,6 +88,9 @@ class DeploymentConfig(Settings, FieldRules):
     def warnings(self) -> list[str]:
         """Settings that work but that a reviewer should see."""
         found = []
+        for phase in layout.PHASES:
+            sizing = self.sizing(phase)
+            found += [f"{phase}: {warning}" for warning in (sizing.warnings() if sizing else [])]
         if "0.0.0.0/0" in self.endpoint_allowed_cidrs:
             found.append(
                 "endpoint_allowed_cidrs includes 0.0.0.0/0: the Kubernetes API endpoint is open "

@@ -191,6 +191,15 @@ class Settings(BaseModel):
         description="Weight and activation dtype. Default: bfloat16.",
         json_schema_extra=_hint("one of auto, bfloat16, float16, float32"),
     )
+    multimodal: bool = Field(
+        False,
+        description=(
+            "Load the model's vision tower and accept image/video input. Off, vLLM runs the text "
+            "model only (language_model_only), which for Qwen3.5-9B on an L4 leaves 9x the KV cache. "
+            "Default: false."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
     gpu_memory_utilization: float = Field(
         0.90,
         gt=0.0,
