@@ -13,7 +13,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import custom_resources as cr
 from constructs import Construct
 
-from ._private import nag
+from ._private import checkov, nag
 from .capacity.checks import G_VT_QUOTA_CODE, G_VT_QUOTA_SERVICE, GroupNeed
 from .log_groups import LogGroups
 
@@ -97,5 +97,5 @@ class GpuCapacityCheck(Construct):
         for function in (self.function, provider.node.find_child("framework-onEvent")):
             cfn = function.node.default_child
             assert isinstance(cfn, lambda_.CfnFunction)
-            cfn.add_metadata("checkov", {"skip": [{"id": "CKV_AWS_117", "comment": _OUTSIDE_VPC}]})
+            checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
         nag.acknowledge(provider, nag.provider_framework(provider, self.function))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from .capacity.checks import GroupNeed
 from .catalog import INSTANCE_TYPES, InstanceFacts
 
 PHASES = ("prefill", "decode")
@@ -40,6 +41,11 @@ class GpuGroup:
     @property
     def shared(self) -> bool:
         return len(self.phases) > 1
+
+    @property
+    def need(self) -> GroupNeed:
+        """What the capacity check asks of this group."""
+        return GroupNeed(self.name, self.instance_type, self.node_count)
 
     @property
     def _prefix(self) -> str:

@@ -32,7 +32,6 @@ class LogGroups(Construct):
     def __init__(self, scope: Construct, id: str, *, retention_days: int = 30) -> None:
         super().__init__(scope, id)
         self.retention_days = retention_days
-        self.retention = retention(retention_days)
         self.key = rotating_key(self, "Key", "Encryption of the deployment's CloudWatch log groups")
         self.key.grant_encrypt_decrypt(iam.ServicePrincipal(f"logs.{Aws.REGION}.amazonaws.com"))
 
@@ -43,7 +42,7 @@ class LogGroups(Construct):
             id,
             log_group_name=log_group_name,
             encryption_key=self.key,
-            retention=self.retention,
+            retention=retention(self.retention_days),
             removal_policy=RemovalPolicy.DESTROY,
         )
 

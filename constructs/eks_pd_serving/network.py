@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Aws, RemovalPolicy
+from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, RemovalPolicy, Stack
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from ._private import checkov
 from ._private.kms import rotating_key
 from .config import ConfigError
 
@@ -104,15 +105,10 @@ class Network(Construct):
 def _skip_checkov_outside_vpc(scope: Construct) -> None:
     """aws-cdk-lib's provider for ``@aws-cdk/aws-ec2:restrictDefaultSecurityGroup`` (a
     stack-level singleton the VPC creates) runs outside the VPC it strips: nothing to reach in it."""
-    from aws_cdk import CfnResource, CustomResourceProviderBase, Stack
-
     for provider in Stack.of(scope).node.children:
         if isinstance(provider, CustomResourceProviderBase) and provider.node.id.startswith(
             "Custom::VpcRestrictDefaultSG"
         ):
             handler = provider.node.find_child("Handler")
             assert isinstance(handler, CfnResource)
-            handler.add_metadata(
-                "checkov",
-                {"skip": [{"id": "CKV_AWS_117", "comment": "Calls only the EC2 API; nothing in the VPC to reach"}]},
-            )
+            checkov.skip(handler, checkov.LAMBDA_OUTSIDE_VPC, "Calls only the EC2 API; nothing in the VPC to reach")

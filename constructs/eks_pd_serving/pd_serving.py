@@ -11,7 +11,6 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from . import versions
-from .capacity.checks import GroupNeed
 from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster, EksClusterProps
 from .config import ConfigError, DeploymentConfig
@@ -52,7 +51,7 @@ class PdServing(Construct):
             "GpuCapacityCheck",
             cluster_name=config.cluster_name,
             gpu_availability_zone=self.network.gpu_subnet.availability_zone,
-            groups=[GroupNeed(group.name, group.instance_type, group.node_count) for group in config.gpu_groups],
+            groups=[group.need for group in config.gpu_groups],
             log_groups=self.log_groups,
         )
         self.eks = EksCluster(

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..capacity.checks import GroupNeed, check_capacity, offered_azs
+from ..capacity.checks import check_capacity, offered_azs
 from ..config import DeploymentConfig
 from ._common import add_config_arguments, console, load_config, table
 
@@ -43,11 +43,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", help="AWS region (default: the region setting, then your AWS config)")
     parser.add_argument("--profile", help="AWS profile")
     parser.add_argument("--no-write", action="store_true", help="do not write cdk.context.json")
-
-
-def group_needs(config: DeploymentConfig) -> list[GroupNeed]:
-    """Each GPU node group's type and count, as the stack builds them (either layout)."""
-    return [GroupNeed(group.name, group.instance_type, group.node_count) for group in config.gpu_groups]
 
 
 def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str, list[str]]:
@@ -94,7 +89,9 @@ def check(ec2: Any, quotas: Any, cloudformation: Any, config: DeploymentConfig, 
 
     result = Result(region=region)
     result.gpu_az, result.availability_zones = resolve_gpu_az(ec2, config, region)
-    for found in check_capacity(ec2, quotas, group_needs(config), result.gpu_az, cluster_name=config.cluster_name):
+    for found in check_capacity(
+        ec2, quotas, [g.need for g in config.gpu_groups], result.gpu_az, cluster_name=config.cluster_name
+    ):
         result.checks.append((found.name, found.passed, found.detail))
     try:
         cloudformation.describe_stacks(StackName=BOOTSTRAP_STACK)

@@ -1,5 +1,5 @@
 """Rules across settings: combinations that cannot work although each value is fine alone.
-Each message names every setting involved and the fix. ``self`` is the DeploymentConfig being
+Each message names every setting involved and the fix. ``config`` is the DeploymentConfig being
 validated (these run from its model validator)."""
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ if TYPE_CHECKING:
 DEFAULT_AZ_COUNT = 2
 
 
-def check_all(self: DeploymentConfig) -> None:
+def check_all(config: DeploymentConfig) -> None:
     """Every rule across settings, in order; the first broken one raises."""
-    azs = self.availability_zones
-    if self.region and azs and az_region(azs[0]) != self.region:
+    azs = config.availability_zones
+    if config.region and azs and az_region(azs[0]) != config.region:
         raise ValueError(
-            f"availability_zones={','.join(azs)!r} are not in region={self.region!r}. Fix: list AZs of {self.region}"
+            f"availability_zones={','.join(azs)!r} are not in region={config.region!r}. "
+            f"Fix: list AZs of {config.region}"
         )
-    if self.gpu_availability_zone:
-        gpu_az = self.gpu_availability_zone
-        if self.region and az_region(gpu_az) != self.region:
+    if config.gpu_availability_zone:
+        gpu_az = config.gpu_availability_zone
+        if config.region and az_region(gpu_az) != config.region:
             raise ValueError(
-                f"gpu_availability_zone={gpu_az!r} is not in region={self.region!r}. Fix: choose an AZ of {self.region}"
+                f"gpu_availability_zone={gpu_az!r} is not in region={config.region!r}. "
+                f"Fix: choose an AZ of {config.region}"
             )
         if not azs:
             raise ValueError(
@@ -40,28 +42,28 @@ def check_all(self: DeploymentConfig) -> None:
                 f"{','.join(azs)!r}. Fix: add it to availability_zones or pick one of them"
             )
     az_count = len(azs) if azs else DEFAULT_AZ_COUNT
-    if self.nat_gateways > az_count:
+    if config.nat_gateways > az_count:
         raise ValueError(
-            f"nat_gateways={self.nat_gateways} exceeds the {az_count} AZs of the VPC. "
+            f"nat_gateways={config.nat_gateways} exceeds the {az_count} AZs of the VPC. "
             f"Fix: set nat_gateways from 1 to {az_count}"
         )
-    _check_gpus(self)
-    _check_model(self)
+    _check_gpus(config)
+    _check_model(config)
 
 
-def _check_gpus(self: DeploymentConfig) -> None:
+def _check_gpus(config: DeploymentConfig) -> None:
     per_phase_keys = ("prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
                       "decode_gpu_node_count")  # fmt: skip
-    if self.gpu_layout == "shared":
+    if config.gpu_layout == "shared":
         for key in per_phase_keys:
-            if getattr(self, key) is not None:
+            if getattr(config, key) is not None:
                 raise ValueError(
-                    f"{key}={getattr(self, key)!r} is only used with gpu_layout='per_phase'. "
+                    f"{key}={getattr(config, key)!r} is only used with gpu_layout='per_phase'. "
                     f"Fix: set gpu_layout=per_phase, or remove {key}"
                 )
     for phase in PHASES:
-        tp = getattr(self, f"{phase}_tensor_parallel_size")
-        group = self.gpu_group(phase)
+        tp = getattr(config, f"{phase}_tensor_parallel_size")
+        group = config.gpu_group(phase)
         per_node = group.instance.gpus
         if tp > per_node:
             raise ValueError(
@@ -69,14 +71,14 @@ def _check_gpus(self: DeploymentConfig) -> None:
                 f"{group.instance_type} (tensor parallelism stays inside a node). Fix: lower "
                 f"it to {per_node} or choose an instance type with more GPUs"
             )
-    for group in self.gpu_groups:
+    for group in config.gpu_groups:
         per_node = group.instance.gpus
-        wanted = sum(self.gpus_for(phase) for phase in group.phases)
+        wanted = sum(config.gpus_for(phase) for phase in group.phases)
         have = per_node * group.node_count
         if wanted > have:
             asked = " + ".join(
-                f"{p}_replicas={getattr(self, f'{p}_replicas')} x {p}_tensor_parallel_size="
-                f"{getattr(self, f'{p}_tensor_parallel_size')}"
+                f"{p}_replicas={getattr(config, f'{p}_replicas')} x {p}_tensor_parallel_size="
+                f"{getattr(config, f'{p}_tensor_parallel_size')}"
                 for p in group.phases
             )
             raise ValueError(
@@ -86,30 +88,30 @@ def _check_gpus(self: DeploymentConfig) -> None:
             )
 
 
-def _check_model(self: DeploymentConfig) -> None:
-    facts = self.model_facts
+def _check_model(config: DeploymentConfig) -> None:
+    facts = config.model_facts
     if facts is None:
         return
-    if facts.hybrid and self.prefill_tensor_parallel_size != self.decode_tensor_parallel_size:
+    if facts.hybrid and config.prefill_tensor_parallel_size != config.decode_tensor_parallel_size:
         raise ValueError(
-            f"prefill_tensor_parallel_size={self.prefill_tensor_parallel_size} and "
-            f"decode_tensor_parallel_size={self.decode_tensor_parallel_size} differ, but "
-            f"{self.model_source} is a hybrid model and NIXL needs the same size on both. "
+            f"prefill_tensor_parallel_size={config.prefill_tensor_parallel_size} and "
+            f"decode_tensor_parallel_size={config.decode_tensor_parallel_size} differ, but "
+            f"{config.model_source} is a hybrid model and NIXL needs the same size on both. "
             "Fix: set them equal"
         )
-    if self.max_model_len > facts.max_model_len:
+    if config.max_model_len > facts.max_model_len:
         raise ValueError(
-            f"max_model_len={self.max_model_len} exceeds {self.model_source}'s own maximum "
+            f"max_model_len={config.max_model_len} exceeds {config.model_source}'s own maximum "
             f"of {facts.max_model_len}. Fix: set max_model_len to at most {facts.max_model_len}"
         )
     for phase in PHASES:
-        sizing = self.sizing(phase)
+        sizing = config.sizing(phase)
         assert sizing is not None
         for problem in sizing.problems():
             raise ValueError(
-                f"max_model_len={self.max_model_len} with dtype={self.dtype}, gpu_memory_utilization="
-                f"{self.gpu_memory_utilization} and {phase}_tensor_parallel_size="
-                f"{getattr(self, f'{phase}_tensor_parallel_size')} on {self.gpu_group(phase).type_setting}="
-                f"{self.gpu_group(phase).instance_type}: {problem}. Fix: lower max_model_len, raise the "
+                f"max_model_len={config.max_model_len} with dtype={config.dtype}, gpu_memory_utilization="
+                f"{config.gpu_memory_utilization} and {phase}_tensor_parallel_size="
+                f"{getattr(config, f'{phase}_tensor_parallel_size')} on {config.gpu_group(phase).type_setting}="
+                f"{config.gpu_group(phase).instance_type}: {problem}. Fix: lower max_model_len, raise the "
                 "tensor-parallel size, or choose a GPU with more memory"
             )
