@@ -3,12 +3,19 @@
 #   make test    every check: format, lint, types, tests (Ray config validation and the CPU
 #                rehearsal included)
 #   make rehearse  run the synthesized serve application on this CPU and probe it
+#   make rehearse-gpu / emulate-gpu / bench-gpu  the same on NVIDIA GPUs with the image's stack
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 VENV_RAY := .venv-ray
 VENV_REHEARSE := .venv-rehearse
 VENV_CHECKOV := .venv-checkov
+VENV_GPU := .venv-gpu
+# The GPU targets' Python: the virtualenv below, or any Python that already has the image's
+# stack (GPU_PYTHON=python3 on a machine where it is installed).
+GPU_PYTHON ?= $(VENV_GPU)/bin/python
+GPU_ARGS ?=
+TEMPLATE := cdk.out/RayLlmPdServing.template.json
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
 # jsii prints an end-of-life banner on every call under Node 20 (EOL 2026-10-30), which the CI
@@ -17,7 +24,7 @@ CDK := node_modules/.bin/cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: synth test lint rayenv rehearse clean
+.PHONY: synth test lint rayenv rehearse rehearse-gpu emulate-gpu bench-gpu clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,6 +61,22 @@ rayenv: $(VENV_RAY)/.deps
 
 rehearse: $(VENV_REHEARSE)/.deps synth
 	$(VENV_REHEARSE)/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
+
+$(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.py
+	PYTHON=$(PYTHON) rehearsal/gpu_install.sh $(VENV_GPU)
+	touch $@
+
+# Only build the virtualenv when GPU_PYTHON is left at its default.
+GPU_DEPS := $(if $(filter $(VENV_GPU)/bin/python,$(GPU_PYTHON)),$(VENV_GPU)/.deps)
+
+rehearse-gpu: $(GPU_DEPS) synth
+	$(GPU_PYTHON) -m rehearsal.gpu rehearse --template $(TEMPLATE) $(GPU_ARGS)
+
+emulate-gpu: $(GPU_DEPS) synth
+	$(GPU_PYTHON) -m rehearsal.gpu emulate --template $(TEMPLATE) --emulate-gpu L4 --model-shape full $(GPU_ARGS)
+
+bench-gpu: $(GPU_DEPS) synth
+	$(GPU_PYTHON) -m rehearsal.gpu bench --template $(TEMPLATE) $(GPU_ARGS)
 
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff format --check .

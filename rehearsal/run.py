@@ -151,14 +151,21 @@ def undeploy(serve_config: dict[str, Any]) -> None:
 
 
 def rehearse_both(
-    rehearsed: dict[str, Any], env: dict[str, str], timeout_s: float, model_id: str, started: float
+    rehearsed: dict[str, Any],
+    env: dict[str, str],
+    timeout_s: float,
+    model_id: str,
+    started: float,
+    control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The PD application, then one colocated engine with no connector, in one Ray session."""
+    """The PD application, then ``control`` (default: one colocated engine with no connector),
+    in one Ray session."""
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     report: dict[str, Any] = {}
+    control = control or profile.colocated_control(rehearsed)
     with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
-        for name, config in (("pd", rehearsed), ("colocated", profile.colocated_control(rehearsed))):
+        for name, config in (("pd", rehearsed), ("colocated", control)):
             log(f"== {name}: deploying")
             ready_s = deploy(config, http_port, timeout_s)
             since_start = time.monotonic() - started

@@ -35,6 +35,15 @@ SHARED = ROOT.parent / "shared"
 FEATURE_FLAGS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items() if k.startswith("@")}
 
 
+def leaves(tree: Any, path: str = "") -> dict[str, Any]:
+    """Every leaf of a JSON-like tree by its path (lists of dicts by index): for diffing configs."""
+    if isinstance(tree, dict):
+        return {k: v for key, sub in tree.items() for k, v in leaves(sub, f"{path}/{key}").items()}
+    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
+        return {k: v for i, sub in enumerate(tree) for k, v in leaves(sub, f"{path}/{i}").items()}
+    return {path: tree}
+
+
 def new_app(**kwargs: Any) -> cdk.App:
     return cdk.App(context=FEATURE_FLAGS, **kwargs)
 

@@ -44,8 +44,8 @@ def test_every_subcommand_has_help(command: str) -> None:
 def test_sizing_prints_the_default_deployment() -> None:
     result = cli("sizing")
     assert result.returncode == 0
-    assert "251 blocks: capacity 54110 tokens; concurrency 13.21 sequences of 4096 tokens" in result.stdout
-    assert "54.2 ms over EFA at 25 Gbps vs 271.0 ms over one TCP flow at 5 Gbps" in result.stdout
+    assert "129 blocks: capacity 48034 tokens; concurrency 11.73 sequences of 4096 tokens" in result.stdout
+    assert "60.9 ms over EFA at 25 Gbps vs 304.5 ms over one TCP flow at 5 Gbps" in result.stdout
 
 
 def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:

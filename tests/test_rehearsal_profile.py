@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import leaves
 
 from rehearsal import profile, verdict
 
@@ -21,18 +22,10 @@ def test_reads_the_ray_service_cdk_synth_wrote(template_file: Path) -> None:
     assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
 
 
-def _leaves(tree: Any, path: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in _leaves(sub, f"{path}/{key}").items()}
-    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
-        return {k: v for i, sub in enumerate(tree) for k, v in _leaves(sub, f"{path}/{i}").items()}
-    return {path: tree}
-
-
 def test_local_profile_changes_only_what_is_documented(template_file: Path) -> None:
     deployed = profile.serve_config(profile.ray_service_from_template(template_file))
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    before, after = _leaves(deployed), _leaves(rehearsed)
+    before, after = leaves(deployed), leaves(rehearsed)
     changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
     assert changed == {
         f"{side}/{key}"

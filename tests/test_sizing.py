@@ -1,24 +1,28 @@
 """Sizing against figures worked out by hand for Qwen3.5-9B on one L4 (g6.8xlarge), and against
 what vLLM 0.26.0's own profiler reported for the same shape (../shared/gpu/kv-capacity-2026-11-30.txt).
 
-By hand, text only (the default):
+By hand, text only (the default). Qwen3.5's config.json names mamba_ssm_dtype float32, and vLLM
+0.26 keeps the Gated DeltaNet state in it (model_executor/models/config.py), so the state is
+4 B per element while the convolution window and the KV stay bfloat16:
   GPU memory     22,888 MiB (EC2 reports for the L4)                = 23,999,807,488 B
   usable x 0.90                                                     = 21,599,826,739 B
   weights        9.02e9 params x 2 B (bf16)                          = 18,040,000,000 B
   activations    1.0 GiB peak + 0.23 GiB non-torch                   =  1,320,702,443 B
   KV cache       usable - weights - activations                      =  2,239,124,296 B
-  Mamba page     3 x (2 x 16 x 128 + 32 x 128) x 2 + 32 x 128 x 128 x 2 = 1,097,728 B per layer
+  Mamba page     3 x (2 x 16 x 128 + 32 x 128) x 2 + 32 x 128 x 128 x 4 = 2,146,304 B per layer
   attention      2 x 4 KV heads x 256 x 2 B = 4,096 B per token per layer
-  block size     16 x ceil(1,097,728 / (16 x 4,096))                 = 272 tokens (page 1,114,112 B)
+  block size     16 x ceil(2,146,304 / (16 x 4,096))                 = 528 tokens (page 2,162,688 B)
   groups         8 full-attention layers: 1 group of 8; 24 linear: 3 groups of 8
-  block          8 layers x 1,114,112 B                              =      8,912,896 B
-  blocks         2,239,124,296 // 8,912,896                          = 251
-  per sequence   ceil(4,096 / 272) = 16 attention blocks + 3 linear  = 19 blocks (169,345,024 B)
-  concurrency    251 / 19 = 13.21; capacity 13.21 x 4,096           = 54,110 tokens
-  transfer       169,345,024 x 8 / 25e9 s = 54.19 ms (EFA); / 5e9 s = 270.95 ms (one TCP flow)
+  block          8 layers x 2,162,688 B                              =     17,301,504 B
+  blocks         2,239,124,296 // 17,301,504                         = 129
+  per sequence   ceil(4,096 / 528) = 8 attention blocks + 3 linear   = 11 blocks (190,316,544 B)
+  concurrency    129 / 11 = 11.73; capacity 11.73 x 4,096           = 48,034 tokens
+  transfer       190,316,544 x 8 / 25e9 s = 60.90 ms (EFA); / 5e9 s = 304.51 ms (one TCP flow)
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
@@ -38,19 +42,21 @@ def test_default_deployment_by_hand() -> None:
     assert sizing.weight_bytes == 18_040_000_000
     assert sizing.activation_bytes == 1_320_702_443
     assert sizing.kv_budget_bytes == 2_239_124_296
-    assert (sizing.block_tokens, sizing.page_bytes, sizing.block_bytes) == (272, 1_114_112, 8_912_896)
+    assert (sizing.block_tokens, sizing.page_bytes, sizing.block_bytes) == (528, 2_162_688, 17_301_504)
     assert (sizing.layers_per_group, sizing.attention_groups, sizing.linear_groups) == (8, 1, 3)
-    assert (sizing.num_blocks, sizing.blocks_per_sequence) == (251, 19)
-    assert sizing.concurrency == pytest.approx(251 / 19)
-    assert (sizing.kv_capacity_tokens, sizing.max_concurrent_sequences) == (54_110, 13)
-    assert sizing.bytes_per_full_sequence == 169_345_024
-    assert sizing.transfer_ms(25) == pytest.approx(54.19, abs=0.01)
-    assert sizing.transfer_ms(5) == pytest.approx(270.95, abs=0.01)
+    assert (sizing.num_blocks, sizing.blocks_per_sequence) == (129, 11)
+    assert sizing.concurrency == pytest.approx(129 / 11)
+    assert (sizing.kv_capacity_tokens, sizing.max_concurrent_sequences) == (48_034, 11)
+    assert sizing.bytes_per_full_sequence == 190_316_544
+    assert sizing.transfer_ms(25) == pytest.approx(60.90, abs=0.01)
+    assert sizing.transfer_ms(5) == pytest.approx(304.51, abs=0.01)
 
 
 # vLLM 0.26.0's profiler, Qwen3.5-9B shape, dummy weights, L4 budget emulated on an H200:
 # requested 20.03 GiB (0.143278 x torch's 139.8 GiB). (weights GiB, activation peak GiB,
 # available KV GiB, KV blocks, GPU KV cache tokens, maximum concurrency at 4,096 tokens)
+# That run's config named no mamba_ssm_dtype, so its state was bfloat16: RECORDED_SHAPE.
+RECORDED_SHAPE = dataclasses.replace(QWEN, mamba_ssm_dtype=None)
 RECORDED = {
     "multimodal": (17.66, 1.92, 0.22, 26, 5_605, 1.37),
     "text only": (16.8, 1.0, 2.0, 240, 51_738, 12.63),
@@ -61,8 +67,8 @@ RECORDED = {
 def test_sizing_agrees_with_vllms_profiler_within_ten_percent(variant: str) -> None:
     weights, peak, kv, blocks, tokens, concurrency = RECORDED[variant]
     sizing = size(
-        QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0, max_model_len=4096,
-        multimodal=variant == "multimodal", gpu_bytes=int(20.03 * GIB),
+        RECORDED_SHAPE, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
+        max_model_len=4096, multimodal=variant == "multimodal", gpu_bytes=int(20.03 * GIB),
     )  # fmt: skip
     assert sizing.weight_bytes / GIB == pytest.approx(weights, rel=0.10)
     assert sizing.activation_bytes / GIB == pytest.approx(peak + 0.23, rel=0.10)  # + non-torch memory
@@ -80,7 +86,9 @@ def test_given_vllms_kv_memory_the_block_model_gives_vllms_block_count(variant: 
     """The block-size rule, the groups and the per-request blocks alone, with vLLM's own KV
     memory: the same block count and concurrency as its log."""
     *_, kv, blocks, tokens, concurrency = RECORDED[variant]
-    sizing = size(QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0, max_model_len=4096)
+    sizing = size(RECORDED_SHAPE, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
+                  max_model_len=4096)  # fmt: skip
+    assert sizing.block_tokens == 272
     assert int(kv * GIB) // sizing.block_bytes == blocks
     assert blocks / sizing.blocks_per_sequence == pytest.approx(concurrency, abs=0.005)
     assert int(blocks / sizing.blocks_per_sequence * 4096) == pytest.approx(tokens, abs=1)
@@ -93,7 +101,7 @@ def test_tensor_parallelism_splits_weights_and_kv() -> None:
     )  # fmt: skip
     assert sizing.weight_bytes == 9_020_000_000
     assert sizing.kv_bytes_per_token == 16_384
-    assert sizing.state_bytes_per_sequence == 13_172_736
+    assert sizing.state_bytes_per_sequence == 25_755_648  # 24 x 2,146,304 / 2
 
 
 def test_a_dense_model_uses_16_token_blocks_in_one_group() -> None:
@@ -105,10 +113,10 @@ def test_a_dense_model_uses_16_token_blocks_in_one_group() -> None:
 
 
 def test_synth_rejects_what_vllm_would_refuse_to_start() -> None:
-    # 32,768 tokens: 121 attention blocks + 3 = 124 per sequence; 251 blocks fit: concurrency 2.02.
-    assert DeploymentConfig.create(max_model_len=32_768).sizing("decode").max_concurrent_sequences == 2  # type: ignore[union-attr]
-    # 131,072 tokens: 482 + 3 = 485 blocks per sequence > 251.
-    with pytest.raises(ConfigError, match=r"^max_model_len=131072 .* needs 485 KV blocks .* but only 251 fit"):
+    # 32,768 tokens: 63 attention blocks + 3 = 66 per sequence; 129 blocks fit: concurrency 1.95.
+    assert DeploymentConfig.create(max_model_len=32_768).sizing("decode").max_concurrent_sequences == 1  # type: ignore[union-attr]
+    # 131,072 tokens: 249 + 3 = 252 blocks per sequence > 129.
+    with pytest.raises(ConfigError, match=r"^max_model_len=131072 .* needs 252 KV blocks .* but only 129 fit"):
         DeploymentConfig.create(max_model_len=131_072)
 
 
@@ -120,7 +128,7 @@ def test_the_vision_tower_is_refused_where_it_leaves_no_kv_cache() -> None:
 
 def test_low_concurrency_warns() -> None:
     warnings = DeploymentConfig.create(multimodal=True).warnings()
-    assert any(w.startswith("prefill: only 1.89 sequences of max_model_len=4096") for w in warnings), warnings
+    assert any(w.startswith("prefill: only 1.64 sequences of max_model_len=4096") for w in warnings), warnings
     assert not any("sequences of max_model_len" in w for w in DeploymentConfig().warnings())
 
 

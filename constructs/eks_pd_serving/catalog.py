@@ -81,6 +81,9 @@ class ModelFacts:
     linear_key_head_dim: int = 0
     linear_value_head_dim: int = 0
     linear_conv_kernel_dim: int = 0
+    # The Gated DeltaNet state's dtype when config.json names one (``mamba_ssm_dtype``); vLLM
+    # 0.26 keeps the state in it, else in the model's dtype.
+    mamba_ssm_dtype: str | None = None
     # Measured by vLLM's profiling run (enforce_eager, max_num_batched_tokens 2048): the torch
     # activation peak of the text model, and what profiling the vision encoder adds.
     activation_peak_gib: float = 1.0
@@ -119,6 +122,7 @@ MODELS: Final[dict[str, ModelFacts]] = {
         linear_key_head_dim=128,
         linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
+        mamba_ssm_dtype="float32",
     ),
 }
 

@@ -143,12 +143,14 @@ def kv_bytes_per_token(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
 
 def mamba_bytes_per_layer(model: ModelFacts, dtype_bytes: int, tp: int) -> int:
     """Gated DeltaNet, one layer: a convolution window (kernel - 1 positions of the q, k and v
-    projections) plus the recurrent state (value heads x key dim x value dim)."""
+    projections) in the model's dtype plus the recurrent state (value heads x key dim x value
+    dim) in the model's ``mamba_ssm_dtype`` when its config names one (vLLM honours it)."""
     conv_dim = 2 * model.linear_num_key_heads * model.linear_key_head_dim
     conv_dim += model.linear_num_value_heads * model.linear_value_head_dim
     conv = max(model.linear_conv_kernel_dim - 1, 0) * conv_dim
     recurrent = model.linear_num_value_heads * model.linear_key_head_dim * model.linear_value_head_dim
-    return (conv + recurrent) * dtype_bytes // tp
+    state_bytes = DTYPE_BYTES[model.mamba_ssm_dtype] if model.mamba_ssm_dtype else dtype_bytes
+    return (conv * dtype_bytes + recurrent * state_bytes) // tp
 
 
 def state_bytes_per_sequence(model: ModelFacts, dtype_bytes: int, tp: int) -> int:

@@ -86,6 +86,16 @@ RAY_IMAGE_ACCOUNT: Final = "763104351884"
 RAY_IMAGE_REPOSITORY: Final = "ray"
 RAY_IMAGE_TAG: Final = "serve-llm-cuda-v1.0"
 RAY_VERSION: Final = "2.58.0"
+# The image's engine stack as `ray[llm]==RAY_VERSION` pins it (ray's own METADATA): the GPU
+# rehearsal installs exactly these (rehearsal/gpu_install.sh reads them from here).
+VLLM_VERSION: Final = "0.26.0"
+NIXL_VERSION: Final = "1.3.1"
+IMAGE_PYTHON_STACK: Final = (
+    f"ray[serve,llm]=={RAY_VERSION}",
+    f"vllm=={VLLM_VERSION}",
+    f"nixl=={NIXL_VERSION}",
+    f"nixl-cu13=={NIXL_VERSION}",
+)
 
 
 def ray_image_uri(region: str) -> str:

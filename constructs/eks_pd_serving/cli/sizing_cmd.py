@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..catalog import ModelFacts
+from ..sizing import DTYPE_BYTES
 from ._common import add_config_arguments, console, load_config
 
 
@@ -45,6 +46,7 @@ def facts_from_config_json(path: Path) -> ModelFacts:
         linear_key_head_dim=int(text.get("linear_key_head_dim", 0)),
         linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 0)),
+        mamba_ssm_dtype=text.get("mamba_ssm_dtype") if text.get("mamba_ssm_dtype") in DTYPE_BYTES else None,
     )
 
 

@@ -1,0 +1,201 @@
+"""The GPU rehearsal's local profile, GPU budget emulation and vLLM's profiler figures.
+
+Plain Python (no torch, no vLLM) so that `make test` checks all of it on a CPU machine; what
+needs the GPU stack is imported inside functions in rehearsal/gpu.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
+from eks_pd_serving.sizing import GIB, MIB, Sizing, size
+
+SIDES = ("prefill_config", "decode_config")
+# Two engines on one GPU: each takes this share of its memory (vLLM checks free memory at start).
+SHARED_GPU_UTILIZATION = 0.4
+
+
+@dataclass(frozen=True)
+class GpuHost:
+    """What the machine running the rehearsal offers."""
+
+    gpus: int
+    total_bytes: int  # one GPU's memory as torch reports it (vLLM's base for utilization)
+    name: str = ""
+    flashinfer: bool = False  # FlashInfer importable: vLLM's SM90 default kernels work
+    efa: bool = False  # libfabric and an EFA device: NIXL can use LIBFABRIC as on the cluster
+
+    @property
+    def kv_backend(self) -> str:
+        return "LIBFABRIC" if self.efa else "UCX"
+
+
+def detect_host() -> GpuHost:
+    """Ask torch (and the kernel, for EFA) what this machine has."""
+    import ctypes.util
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        return GpuHost(gpus=0, total_bytes=0)
+    _free, total = torch.cuda.mem_get_info(0)
+    infiniband = Path("/sys/class/infiniband")
+    devices = list(infiniband.iterdir()) if infiniband.is_dir() else []
+    efa_devices = [d for d in devices if (d / "device/driver").resolve().name == "efa"]
+    return GpuHost(
+        gpus=torch.cuda.device_count(),
+        total_bytes=int(total),
+        name=torch.cuda.get_device_name(0),
+        flashinfer=importlib.util.find_spec("flashinfer") is not None,
+        efa=bool(efa_devices) and ctypes.util.find_library("fabric") is not None,
+    )
+
+
+def catalog_gpu_bytes(gpu: str) -> int:
+    """One GPU's memory as EC2 reports it, for a GPU name in the catalog (``L4``, ``L40S``)."""
+    for facts in INSTANCE_TYPES.values():
+        if facts.gpus and facts.gpu_name.lower() == gpu.lower():
+            return int(facts.gpu_memory_mib * MIB)
+    known = sorted({f.gpu_name for f in INSTANCE_TYPES.values() if f.gpus})
+    raise ValueError(f"--emulate-gpu {gpu!r}: not in the catalog; use one of {', '.join(known)}")
+
+
+def emulated_utilization(gpu: str, deployed_utilization: float, host: GpuHost) -> float:
+    """The ``gpu_memory_utilization`` that gives an engine on this host the budget it gets on
+    ``gpu``: vLLM budgets utilization x torch's total memory (not nvidia-smi's)."""
+    budget = deployed_utilization * catalog_gpu_bytes(gpu)
+    if budget > host.total_bytes:
+        raise ValueError(f"--emulate-gpu {gpu}: its budget ({budget / GIB:.1f} GiB) exceeds this GPU's memory")
+    return budget / host.total_bytes
+
+
+def gpu_profile(
+    deployed: dict[str, Any],
+    model_dir: Path,
+    host: GpuHost,
+    *,
+    dummy_weights: bool,
+    utilization: float | None = None,
+) -> dict[str, Any]:
+    """The deployed serve config with the documented GPU substitutions, nothing else: the local
+    model, one replica per phase on one GPU each (a half each when the host has one GPU), NIXL's
+    backend for this host, the Triton GDN kernel where FlashInfer is missing."""
+    local = copy.deepcopy(deployed)
+    for app in local["applications"]:
+        for side in SIDES:
+            llm = app["args"][side]
+            llm["model_loading_config"]["model_source"] = str(model_dir)
+            llm["deployment_config"]["num_replicas"] = 1
+            engine = llm["engine_kwargs"]
+            engine["tensor_parallel_size"] = 1
+            if host.gpus < 2:
+                bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
+                llm["placement_group_config"] = {"bundles": [{**bundles[0], "GPU": 0.5}]}
+                engine["gpu_memory_utilization"] = SHARED_GPU_UTILIZATION
+            if utilization is not None:
+                engine["gpu_memory_utilization"] = utilization
+            if dummy_weights:
+                engine["load_format"] = "dummy"
+            if not host.flashinfer:
+                engine["gdn_prefill_backend"] = "triton"
+            kv = engine["kv_transfer_config"]
+            kv["kv_buffer_device"] = "cuda"
+            kv["kv_connector_extra_config"]["backends"] = [host.kv_backend]
+    return local
+
+
+def gpu_env(worker_env: dict[str, str], host: GpuHost) -> dict[str, str]:
+    """The worker env, plus the sampler switch vLLM needs without FlashInfer."""
+    env = dict(worker_env)
+    if not host.flashinfer:
+        env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    return env
+
+
+def colocated(rehearsed: dict[str, Any], replicas: int, route_prefix: str = "/") -> dict[str, Any]:
+    """The decode engine's settings without the connector, ``replicas`` copies on their own GPUs:
+    the baseline the PD layout is compared with on the same GPUs."""
+    (app,) = rehearsed["applications"]
+    llm = copy.deepcopy(app["args"]["decode_config"])
+    llm["engine_kwargs"].pop("kv_transfer_config")
+    llm["deployment_config"]["num_replicas"] = replicas
+    return {
+        "applications": [
+            {
+                "name": "colocated",
+                "import_path": "ray.serve.llm:build_openai_app",
+                "route_prefix": route_prefix,
+                "args": {"llm_configs": [llm]},
+            }
+        ]
+    }
+
+
+# vLLM 0.26.0's profiler lines (v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py).
+_FIGURES = {
+    "weights_gib": r"Model loading took ([\d.]+) GiB memory",
+    "activation_peak_gib": r"Actual usage is [\d.]+ GiB for weight, ([\d.]+) GiB for peak activation",
+    "non_torch_gib": r"GiB for peak activation, ([\d.]+) GiB for non-torch memory",
+    "kv_gib": r"Available KV cache memory: ([\d.]+) GiB",
+    "kv_tokens": r"GPU KV cache size: ([\d,]+) tokens",
+    "concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
+    "block_tokens": r"Setting attention block size to (\d+) tokens",
+    "num_blocks": r"Hybrid SSM registration: num_blocks=(\d+)",
+}
+
+
+def vllm_figures(log: str) -> dict[str, float]:
+    """The figures vLLM's profiler printed, by name; a figure it did not print is left out."""
+    found = {}
+    for name, pattern in _FIGURES.items():
+        match = re.search(pattern, log)
+        if match:
+            found[name] = float(match.group(1).replace(",", ""))
+    return found
+
+
+def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str) -> Sizing:
+    """The synth gate's figures for these engine settings on ``gpu``."""
+    instance = next(f for f in INSTANCE_TYPES.values() if f.gpus and f.gpu_name.lower() == gpu.lower())
+    return size(
+        MODELS[model_source],
+        instance,
+        dtype=engine_kwargs.get("dtype", "auto"),
+        tensor_parallel_size=int(engine_kwargs.get("tensor_parallel_size", 1)),
+        gpu_memory_utilization=float(engine_kwargs.get("gpu_memory_utilization", 0.9)),
+        max_model_len=int(engine_kwargs["max_model_len"]),
+        multimodal=not engine_kwargs.get("language_model_only", False),
+    )
+
+
+def comparison(measured: dict[str, float], sizing: Sizing) -> list[tuple[str, float | None, float, float | None]]:
+    """(figure, vLLM, sizing, sizing/vLLM - 1) rows for the figures both give."""
+    ours = {
+        "weights_gib": sizing.weight_bytes / GIB,
+        "activation_peak_gib": sizing.activation_bytes / GIB - 0.23,
+        "kv_gib": sizing.kv_budget_bytes / GIB,
+        "block_tokens": float(sizing.block_tokens),
+        "num_blocks": float(sizing.num_blocks),
+        "kv_tokens": float(sizing.kv_capacity_tokens),
+        "concurrency": sizing.concurrency,
+    }
+    rows = []
+    for name, value in ours.items():
+        theirs = measured.get(name)
+        rows.append((name, theirs, value, value / theirs - 1 if theirs else None))
+    return rows
+
+
+def comparison_lines(variant: str, measured: dict[str, float], sizing: Sizing) -> list[str]:
+    lines = [f"{variant}: {'figure':<20} {'vLLM':>10} {'sizing':>10} {'diff':>7}"]
+    for name, theirs, ours, rel in comparison(measured, sizing):
+        shown = "-" if theirs is None else f"{theirs:10.2f}"
+        diff = "-" if rel is None else f"{rel:+.1%}"
+        lines.append(f"{variant}: {name:<20} {shown:>10} {ours:10.2f} {diff:>7}")
+    return lines

@@ -1,0 +1,217 @@
+"""The GPU rehearsal's parts that need no GPU: its profile, the budget emulation arithmetic, the
+parsing of vLLM's profiler log, the Qwen3.5 checkpoint shapes and the benchmark statistics. The
+GPU runs themselves (`make rehearse-gpu`, `emulate-gpu`, `bench-gpu`) are in the README with
+their dates and machine; on a machine without a GPU the entry point says so and exits 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ROOT, leaves
+
+from eks_pd_serving.catalog import MODELS
+from eks_pd_serving.sizing import GIB, MIB
+from rehearsal import bench, gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint
+
+FIXTURES = ROOT / "tests" / "fixtures"
+H200 = gpu_profile.GpuHost(gpus=2, total_bytes=int(139.8 * GIB), name="NVIDIA H200")
+
+
+def _changed(deployed: dict[str, Any], rehearsed: dict[str, Any]) -> set[str]:
+    before, after = leaves(deployed), leaves(rehearsed)
+    assert set(before) <= set(after)  # nothing removed
+    return {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+
+
+@pytest.fixture(scope="module")
+def deployed(template_file: Path) -> dict[str, Any]:
+    return profile.serve_config(profile.ray_service_from_template(template_file))
+
+
+def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]) -> None:
+    rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), H200, dummy_weights=True)
+    assert _changed(deployed, rehearsed) == {
+        f"{side}/{key}"
+        for side in gpu_profile.SIDES
+        for key in (
+            "model_loading_config/model_source",
+            "engine_kwargs/load_format",
+            "engine_kwargs/gdn_prefill_backend",
+            "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
+        )
+    }
+    decode = rehearsed["applications"][0]["args"]["decode_config"]["engine_kwargs"]
+    assert decode["kv_transfer_config"]["kv_buffer_device"] == "cuda"
+    assert decode["kv_transfer_config"]["kv_connector_extra_config"]["backends"] == ["UCX"]
+    assert decode["language_model_only"] is True  # text-only as deployed
+
+
+def test_an_efa_host_with_flashinfer_keeps_the_deployed_backend_and_kernels(deployed: dict[str, Any]) -> None:
+    host = dataclasses.replace(H200, efa=True, flashinfer=True)
+    rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), host, dummy_weights=False)
+    assert _changed(deployed, rehearsed) == {f"{side}/model_loading_config/model_source" for side in gpu_profile.SIDES}
+    assert gpu_profile.gpu_env({}, host) == {}
+    assert gpu_profile.gpu_env({}, H200) == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
+
+
+def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
+    host = dataclasses.replace(H200, gpus=1)
+    rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), host, dummy_weights=True)
+    for side in gpu_profile.SIDES:
+        llm = rehearsed["applications"][0]["args"][side]
+        assert llm["placement_group_config"]["bundles"][0]["GPU"] == 0.5
+        assert llm["engine_kwargs"]["gpu_memory_utilization"] == gpu_profile.SHARED_GPU_UTILIZATION
+
+
+def test_the_colocated_baseline_is_the_decode_engine_without_a_connector(deployed: dict[str, Any]) -> None:
+    rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), H200, dummy_weights=True)
+    (app,) = gpu_profile.colocated(rehearsed, replicas=2)["applications"]
+    (llm,) = app["args"]["llm_configs"]
+    assert app["import_path"] == "ray.serve.llm:build_openai_app"
+    assert llm["deployment_config"]["num_replicas"] == 2
+    assert "kv_transfer_config" not in llm["engine_kwargs"]
+    assert llm["engine_kwargs"]["load_format"] == "dummy"
+
+
+def test_emulating_an_l4_gives_vllm_the_l4_budget() -> None:
+    utilization = gpu_profile.emulated_utilization("L4", 0.9, H200)
+    # vLLM budgets utilization x torch's total; the product must be 0.9 x the L4's 22,888 MiB.
+    assert utilization * H200.total_bytes == pytest.approx(0.9 * 22888 * MIB)
+    assert gpu_profile.emulated_utilization("l40s", 0.9, H200) == pytest.approx(0.9 * 45776 * MIB / H200.total_bytes)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "host", "message"),
+    [
+        ("A100", H200, "--emulate-gpu 'A100': not in the catalog; use one of L4, L40S"),
+        ("L40S", dataclasses.replace(H200, total_bytes=24 * GIB), "exceeds this GPU's memory"),
+    ],
+)
+def test_emulation_refuses_what_it_cannot_emulate(gpu: str, host: gpu_profile.GpuHost, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        gpu_profile.emulated_utilization(gpu, 0.9, host)
+
+
+@pytest.mark.parametrize("variant", ["text-only", "multimodal"])
+def test_vllms_profiler_log_is_read_figure_by_figure(variant: str) -> None:
+    figures = gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-{variant}.log").read_text())
+    expected = {
+        "text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.0, "kv_tokens": 51738,
+                      "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23},
+        "multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.22, "kv_tokens": 5605,
+                       "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23},
+    }[variant]  # fmt: skip
+    assert figures == expected
+
+
+def test_a_log_without_the_profiler_lines_yields_no_figures() -> None:
+    assert gpu_profile.vllm_figures("INFO engine started\nERROR CUDA out of memory") == {}
+
+
+@pytest.mark.parametrize("variant", ["text-only", "multimodal"])
+def test_the_emulation_report_compares_within_ten_percent_for_the_recorded_shape(
+    variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorded run kept the Gated DeltaNet state in bfloat16 (its config named no
+    mamba_ssm_dtype); with that shape the report's sizing column is within 10% of vLLM's."""
+    recorded_shape = dataclasses.replace(MODELS["Qwen/Qwen3.5-9B"], mamba_ssm_dtype=None)
+    monkeypatch.setitem(MODELS, "Qwen/Qwen3.5-9B", recorded_shape)
+    measured = gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-{variant}.log").read_text())
+    engine = {"dtype": "bfloat16", "max_model_len": 4096, "language_model_only": variant == "text-only",
+              "gpu_memory_utilization": 20.03 * GIB / (22888 * MIB)}  # the budget vLLM reported  # fmt: skip
+    sizing = gpu_profile.sizing_for(engine, "Qwen/Qwen3.5-9B", "L4")
+    rows = {name: rel for name, _, _, rel in gpu_profile.comparison(measured, sizing)}
+    assert all(rel is not None and abs(rel) <= 0.10 for rel in rows.values()), rows
+    assert len(gpu_profile.comparison_lines(variant, measured, sizing)) == 1 + len(rows)
+
+
+def test_the_full_checkpoint_is_the_catalogs_qwen35_9b() -> None:
+    """The GPU runs' 9B config and the sizing gate's model facts describe one model."""
+    ids = {name: i for i, name in enumerate([*tiny_checkpoint.SPECIAL_TOKENS, *qwen35_checkpoint.VISION_TOKENS])}
+    text = qwen35_checkpoint.model_config("full", ids)["text_config"]
+    facts = MODELS["Qwen/Qwen3.5-9B"]
+    assert text["num_hidden_layers"] == facts.num_layers
+    assert text["layer_types"].count("full_attention") == facts.full_attention_layers
+    assert (text["num_key_value_heads"], text["head_dim"]) == (facts.num_kv_heads, facts.head_dim)
+    assert (text["linear_num_key_heads"], text["linear_num_value_heads"]) == (
+        facts.linear_num_key_heads,
+        facts.linear_num_value_heads,
+    )
+    assert (text["linear_key_head_dim"], text["linear_value_head_dim"], text["linear_conv_kernel_dim"]) == (
+        facts.linear_key_head_dim,
+        facts.linear_value_head_dim,
+        facts.linear_conv_kernel_dim,
+    )
+    assert text["mamba_ssm_dtype"] == facts.mamba_ssm_dtype == "float32"
+    assert text["max_position_embeddings"] == facts.max_model_len
+    tiny = qwen35_checkpoint.model_config("tiny", ids)
+    assert tiny["text_config"]["layer_types"] == text["layer_types"][:4]
+    assert tiny["architectures"] == ["Qwen3_5ForConditionalGeneration"]
+    with pytest.raises(ValueError, match="model shape 'huge'"):
+        qwen35_checkpoint.model_config("huge", ids)
+
+
+def _record(kind: str, sent: float, tokens: list[float], completion: int = 0, error: str = "") -> bench.Request:
+    return bench.Request(kind, sent, prompt_tokens=10, completion_tokens=completion, token_s=tokens, error=error)
+
+
+def test_bench_statistics_are_the_recorded_timings() -> None:
+    records = [
+        _record("stream", 0.0, [0.1, 0.2, 0.3, 0.5], completion=4),
+        _record("stream", 0.0, [0.2, 0.25, 0.3], completion=3),
+        _record("long", 1.0, [1.4, 1.5], completion=2),
+        _record("long", 2.0, [2.8, 2.9], completion=2),
+        _record("long", 3.0, [], error="HTTP 500"),
+    ]
+    summary = bench.summary(records)
+    assert summary["requests"] == 5 and summary["failed"] == 1
+    assert summary["long_ttft_ms_p50"] == pytest.approx(600.0)  # 400 and 800 ms
+    assert summary["stream_ttft_ms_p50"] == pytest.approx(150.0)
+    assert summary["itl_ms_p50"] == pytest.approx(100.0)  # gaps 100, 100, 200, 50, 50 ms
+    assert summary["itl_ms_p99"] == pytest.approx(196.0)
+    assert summary["output_tokens_per_s"] == pytest.approx(11 / 2.9)
+    table = bench.table({"pd": summary, "colocated": bench.summary(records[:2])})
+    assert table.splitlines()[2].startswith("| pd | 600.0 |")
+    assert "| colocated | - |" in table
+
+
+def test_bench_runs_round_trip_through_their_json(tmp_path: Path) -> None:
+    workload = bench.Workload(window_s=5)
+    records = [_record("stream", 0.0, [0.1, 0.2], completion=2)]
+    bench.save(tmp_path / "run.json", "pd", workload, records, {"ready_s": 1.0})
+    name, loaded_workload, loaded, data = bench.load(tmp_path / "run.json")
+    assert (name, loaded_workload, loaded, data["ready_s"]) == ("pd", workload, records, 1.0)
+    assert workload.long_arrivals()[:2] == [5.0, 7.5]
+
+
+@pytest.mark.skipif(not os.environ.get("EKS_PD_REHEARSE_PYTHON"), reason="needs the rehearsal virtualenv (make test)")
+def test_without_a_gpu_the_gpu_rehearsal_says_so_and_exits_2(tmp_path: Path, template_file: Path) -> None:
+    python = os.environ["EKS_PD_REHEARSE_PYTHON"]
+    done = subprocess.run(
+        [python, "-m", "rehearsal.gpu", "rehearse", "--template", str(template_file), "--work-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        "the GPU rehearsal needs an NVIDIA GPU that torch can see (none here); `make rehearse` runs on CPU"
+    )
+    assert "Traceback" not in done.stderr
+
+
+def test_sizing_from_the_full_checkpoints_config_json_matches_the_catalog(tmp_path: Path) -> None:
+    """`sizing --config-json` reads mamba_ssm_dtype too: the 9B config gives the catalog's blocks."""
+    from eks_pd_serving.cli.sizing_cmd import facts_from_config_json
+
+    ids = {name: i for i, name in enumerate([*tiny_checkpoint.SPECIAL_TOKENS, *qwen35_checkpoint.VISION_TOKENS])}
+    (tmp_path / "config.json").write_text(json.dumps(qwen35_checkpoint.model_config("full", ids)))
+    facts = facts_from_config_json(tmp_path / "config.json")
+    catalog = MODELS["Qwen/Qwen3.5-9B"]
+    assert dataclasses.replace(facts, params=catalog.params) == dataclasses.replace(
+        catalog, activation_peak_gib=facts.activation_peak_gib, vision_params=0.0, encoder_profile_peak_gib=0.0
+    )
