@@ -12,6 +12,7 @@ needs a serving endpoint.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import random
 import statistics
@@ -45,6 +46,12 @@ WORDS = tuple(
         "fabric",
     ]
 )
+
+
+# Ray Serve LLM sends streamed tokens in batches every 50 ms (MODEL_RESPONSE_BATCH_TIMEOUT_MS in
+# Ray 2.58), so a client sees gaps of ~0 (tokens of one batch) and ~50 ms; a gap of 90 ms or more
+# means an engine step missed a batch: a stall the client feels.
+STALL_S = 0.090
 
 
 @dataclass(frozen=True)
@@ -170,6 +177,10 @@ def summary(records: list[Request]) -> dict[str, Any]:
     streams = [r for r in ok if r.kind == "stream"]
     itl = [gap for r in streams for gap in r.itl_s()]
     stream_ttft = [t for r in streams if (t := r.ttft_s) is not None]
+    # Each stream's own decode rate, first to last token: not blurred by the 50 ms batching.
+    rates = [
+        (r.completion_tokens - 1) / (r.token_s[-1] - r.token_s[0]) for r in streams if r.token_s[-1] > r.token_s[0]
+    ]
     long_ttft = [t for r in longs if (t := r.ttft_s) is not None]
     span = max((r.token_s[-1] for r in ok), default=0.0)
     ms = 1000.0
@@ -187,6 +198,9 @@ def summary(records: list[Request]) -> dict[str, Any]:
         "stream_ttft_ms_p99": scaled(percentile(stream_ttft, 99)),
         "itl_ms_p50": scaled(percentile(itl, 50)),
         "itl_ms_p99": scaled(percentile(itl, 99)),
+        "stream_tokens_per_s_p50": percentile(rates, 50),
+        "stream_tokens_per_s_p5": percentile(rates, 5),
+        "stalled_gaps_pct": 100.0 * sum(gap >= STALL_S for gap in itl) / len(itl) if itl else None,
         "output_tokens_per_s": sum(r.completion_tokens for r in ok) / span if span else None,
     }
 
@@ -195,21 +209,26 @@ COLUMNS = [
     ("long_ttft_ms_p50", "long TTFT p50 ms"),
     ("long_ttft_ms_p99", "long TTFT p99 ms"),
     ("stream_ttft_ms_p50", "stream TTFT p50 ms"),
-    ("itl_ms_p50", "ITL p50 ms"),
-    ("itl_ms_p99", "ITL p99 ms"),
+    ("itl_ms_p99", "gap p99 ms"),
+    ("stalled_gaps_pct", "gaps >= 90 ms %"),
+    ("stream_tokens_per_s_p50", "per-stream tok/s p50"),
+    ("stream_tokens_per_s_p5", "per-stream tok/s p5"),
     ("output_tokens_per_s", "output tok/s"),
     ("failed", "failed"),
 ]
+
+
+def _cell(value: float | None, key: str) -> str:
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.{2 if key.endswith('pct') else 1}f}"
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
     """A Markdown table, one row per layout."""
     head = "| layout | " + " | ".join(label for _, label in COLUMNS) + " |"
     rule = "|---|" + "---:|" * len(COLUMNS)
-    rows = [
-        f"| {name} | " + " | ".join("-" if s[key] is None else f"{s[key]:.1f}" for key, _ in COLUMNS) + " |"
-        for name, s in results.items()
-    ]
+    rows = [f"| {name} | " + " | ".join(_cell(s[key], key) for key, _ in COLUMNS) + " |" for name, s in results.items()]
     return "\n".join([head, rule, *rows])
 
 
@@ -224,7 +243,9 @@ def save(path: Path, name: str, workload: Workload, records: list[Request], extr
 
 
 def load(path: Path) -> tuple[str, Workload, list[Request], dict[str, Any]]:
-    data = json.loads(path.read_text())
+    """A saved run (``.json``, or ``.json.gz`` as the README's runs are kept)."""
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    data = json.loads(raw)
     return data["layout"], Workload(**data["workload"]), [Request(**r) for r in data["records"]], data
 
 

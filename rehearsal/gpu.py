@@ -106,6 +106,8 @@ def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     for index, (variant, text_only) in enumerate(VARIANTS.items()):
         kwargs = copy.deepcopy(deployed_engine)
         kwargs.update(model=str(model_dir), gpu_memory_utilization=utilization, language_model_only=text_only)
+        for name, value in gpu_profile.server_defaults(gpu_profile.catalog_gpu_bytes(args.emulate_gpu)).items():
+            kwargs.setdefault(name, value)
         kwargs["kv_transfer_config"]["kv_connector_extra_config"]["backends"] = [host.kv_backend]
         kwargs["kv_transfer_config"]["kv_port"] = 14579 + index
         if dummy:

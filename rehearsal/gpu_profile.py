@@ -75,6 +75,15 @@ def emulated_utilization(gpu: str, deployed_utilization: float, host: GpuHost) -
     return budget / host.total_bytes
 
 
+def server_defaults(gpu_bytes: int) -> dict[str, int]:
+    """The batch limits vLLM 0.26 picks for an OpenAI server (Ray Serve's engines) by the GPU's
+    memory (engine/arg_utils.py): they set the profiling run's activation peak, so an emulated
+    GPU must get its own, not the host's (an H200 gets 8,192 tokens; an L4 2,048)."""
+    if gpu_bytes >= 70 * GIB:
+        return {"max_num_batched_tokens": 8192, "max_num_seqs": 1024}
+    return {"max_num_batched_tokens": 2048, "max_num_seqs": 256}
+
+
 def gpu_profile(
     deployed: dict[str, Any],
     model_dir: Path,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -98,20 +99,38 @@ def test_emulation_refuses_what_it_cannot_emulate(gpu: str, host: gpu_profile.Gp
         gpu_profile.emulated_utilization(gpu, 0.9, host)
 
 
-@pytest.mark.parametrize("variant", ["text-only", "multimodal"])
-def test_vllms_profiler_log_is_read_figure_by_figure(variant: str) -> None:
-    figures = gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-{variant}.log").read_text())
-    expected = {
-        "text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.0, "kv_tokens": 51738,
-                      "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23},
-        "multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.22, "kv_tokens": 5605,
-                       "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23},
-    }[variant]  # fmt: skip
-    assert figures == expected
+PROFILES = {
+    # the 9B as shipped (mamba_ssm_dtype float32): `make emulate-gpu`, 2026-11-30
+    "ssm-float32-text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.09, "kv_tokens": 48034,
+                              "concurrency": 11.73, "block_tokens": 528, "num_blocks": 129, "non_torch_gib": 0.22},
+    "ssm-float32-multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.31, "kv_tokens": 7074,
+                               "concurrency": 1.73, "block_tokens": 528, "num_blocks": 19, "non_torch_gib": 0.22},
+    # an earlier run with the state in bfloat16
+    "text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.0, "kv_tokens": 51738,
+                  "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23},
+    "multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.22, "kv_tokens": 5605,
+                   "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("log", sorted(PROFILES))
+def test_vllms_profiler_log_is_read_figure_by_figure(log: str) -> None:
+    assert gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-{log}.log").read_text()) == PROFILES[log]
 
 
 def test_a_log_without_the_profiler_lines_yields_no_figures() -> None:
     assert gpu_profile.vllm_figures("INFO engine started\nERROR CUDA out of memory") == {}
+
+
+@pytest.mark.parametrize("variant", ["text-only", "multimodal"])
+def test_the_emulation_report_compares_within_ten_percent_for_the_9b_as_shipped(variant: str) -> None:
+    measured = gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-ssm-float32-{variant}.log").read_text())
+    engine = {"dtype": "bfloat16", "max_model_len": 4096, "language_model_only": variant == "text-only",
+              "gpu_memory_utilization": 0.9}  # fmt: skip
+    rows = gpu_profile.comparison(measured, gpu_profile.sizing_for(engine, "Qwen/Qwen3.5-9B", "L4"))
+    assert all(rel is not None and abs(rel) <= 0.10 for _, _, _, rel in rows), rows
+    if variant == "text-only":  # the deployed default: every figure within 0.5%
+        assert all(rel is not None and abs(rel) <= 0.005 for _, _, _, rel in rows), rows
 
 
 @pytest.mark.parametrize("variant", ["text-only", "multimodal"])
@@ -175,10 +194,24 @@ def test_bench_statistics_are_the_recorded_timings() -> None:
     assert summary["stream_ttft_ms_p50"] == pytest.approx(150.0)
     assert summary["itl_ms_p50"] == pytest.approx(100.0)  # gaps 100, 100, 200, 50, 50 ms
     assert summary["itl_ms_p99"] == pytest.approx(196.0)
+    assert summary["stalled_gaps_pct"] == pytest.approx(100 * 3 / 5)  # 100, 100 and 200 ms of 5 gaps
+    assert summary["stream_tokens_per_s_p50"] == pytest.approx(statistics.median([3 / 0.4, 2 / 0.1]))
     assert summary["output_tokens_per_s"] == pytest.approx(11 / 2.9)
     table = bench.table({"pd": summary, "colocated": bench.summary(records[:2])})
-    assert table.splitlines()[2].startswith("| pd | 600.0 |")
+    assert table.splitlines()[2].startswith("| pd | 600.0 |") and table.splitlines()[2].endswith("| 1 |")
     assert "| colocated | - |" in table
+
+
+def test_the_readmes_gpu_bench_table_is_what_the_recorded_runs_give() -> None:
+    """docs/gpu-runs/2026-11-30 keeps the `make bench-gpu` runs; the README's table is computed
+    from them by this code (change the statistics and this fails until the README follows)."""
+    runs = ROOT / "docs" / "gpu-runs" / "2026-11-30"
+    loaded = {
+        name: bench.summary(records) for name, _, records, _ in map(bench.load, sorted(runs.glob("bench-*.json.gz")))
+    }
+    table = bench.table({name: loaded[name] for name in ("pd", "colocated")})
+    assert table in (ROOT / "README.md").read_text()
+    assert loaded["pd"]["requests"] == loaded["colocated"]["requests"] == 84 and not loaded["pd"]["failed"]
 
 
 def test_bench_runs_round_trip_through_their_json(tmp_path: Path) -> None:

@@ -26,7 +26,7 @@ import dataclasses
 
 import pytest
 
-from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
+from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS, ModelFacts
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.sizing import GIB, size
 
@@ -52,46 +52,63 @@ def test_default_deployment_by_hand() -> None:
     assert sizing.transfer_ms(5) == pytest.approx(304.51, abs=0.01)
 
 
-# vLLM 0.26.0's profiler, Qwen3.5-9B shape, dummy weights, L4 budget emulated on an H200:
-# requested 20.03 GiB (0.143278 x torch's 139.8 GiB). (weights GiB, activation peak GiB,
-# available KV GiB, KV blocks, GPU KV cache tokens, maximum concurrency at 4,096 tokens)
-# That run's config named no mamba_ssm_dtype, so its state was bfloat16: RECORDED_SHAPE.
-RECORDED_SHAPE = dataclasses.replace(QWEN, mamba_ssm_dtype=None)
+# vLLM 0.26.0's profiler, Qwen3.5-9B shape, dummy weights, an L4's budget emulated on an H200,
+# max_num_batched_tokens 2048 (what vLLM picks on an L4 for a server). Per (Gated DeltaNet state
+# dtype, variant): (budget GiB vLLM requested, weights GiB, activation peak GiB, available KV GiB,
+# KV blocks, block tokens, GPU KV cache tokens, maximum concurrency at 4,096 tokens).
+# - float32 state, as the checkpoint ships (mamba_ssm_dtype): `make emulate-gpu`, 2026-11-30,
+#   docs/gpu-runs/2026-11-30/emulate.out and tests/fixtures/vllm-0.26.0-profile-ssm-float32-*.log;
+# - bfloat16 state: an earlier run whose config named no mamba_ssm_dtype
+#   (../shared/gpu/kv-capacity-2026-11-30.txt, tests/fixtures/vllm-0.26.0-profile-*.log).
 RECORDED = {
-    "multimodal": (17.66, 1.92, 0.22, 26, 5_605, 1.37),
-    "text only": (16.8, 1.0, 2.0, 240, 51_738, 12.63),
+    ("float32", "text only"): (0.9 * 22888 / 1024, 16.8, 1.0, 2.09, 129, 528, 48_034, 11.73),
+    ("float32", "multimodal"): (0.9 * 22888 / 1024, 17.66, 1.92, 0.31, 19, 528, 7_074, 1.73),
+    ("bfloat16", "text only"): (20.03, 16.8, 1.0, 2.0, 240, 272, 51_738, 12.63),
+    ("bfloat16", "multimodal"): (20.03, 17.66, 1.92, 0.22, 26, 272, 5_605, 1.37),
 }
 
 
-@pytest.mark.parametrize("variant", sorted(RECORDED))
-def test_sizing_agrees_with_vllms_profiler_within_ten_percent(variant: str) -> None:
-    weights, peak, kv, blocks, tokens, concurrency = RECORDED[variant]
+def _shape(state_dtype: str) -> ModelFacts:
+    return dataclasses.replace(QWEN, mamba_ssm_dtype=None if state_dtype == "bfloat16" else state_dtype)
+
+
+@pytest.mark.parametrize(("state", "variant"), sorted(RECORDED))
+def test_sizing_agrees_with_vllms_profiler_within_ten_percent(state: str, variant: str) -> None:
+    budget, weights, peak, kv, blocks, block_tokens, tokens, concurrency = RECORDED[state, variant]
     sizing = size(
-        RECORDED_SHAPE, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
-        max_model_len=4096, multimodal=variant == "multimodal", gpu_bytes=int(20.03 * GIB),
+        _shape(state), L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
+        max_model_len=4096, multimodal=variant == "multimodal", gpu_bytes=int(budget * GIB),
     )  # fmt: skip
+    assert sizing.block_tokens == block_tokens
     assert sizing.weight_bytes / GIB == pytest.approx(weights, rel=0.10)
     assert sizing.activation_bytes / GIB == pytest.approx(peak + 0.23, rel=0.10)  # + non-torch memory
     assert sizing.num_blocks == pytest.approx(blocks, rel=0.10)
     assert sizing.kv_budget_bytes / GIB == pytest.approx(kv, rel=0.10)
     assert sizing.kv_capacity_tokens == pytest.approx(tokens, rel=0.10)
     assert sizing.concurrency == pytest.approx(concurrency, rel=0.10)
-    print(
-        f"{variant}: KV {sizing.kv_budget_bytes / GIB:.3f} GiB vs {kv}, {sizing.kv_capacity_tokens} tokens vs {tokens}"
-    )
 
 
-@pytest.mark.parametrize("variant", sorted(RECORDED))
-def test_given_vllms_kv_memory_the_block_model_gives_vllms_block_count(variant: str) -> None:
+@pytest.mark.parametrize(("state", "variant"), sorted(RECORDED))
+def test_given_vllms_kv_memory_the_block_model_gives_vllms_block_count(state: str, variant: str) -> None:
     """The block-size rule, the groups and the per-request blocks alone, with vLLM's own KV
     memory: the same block count and concurrency as its log."""
-    *_, kv, blocks, tokens, concurrency = RECORDED[variant]
-    sizing = size(RECORDED_SHAPE, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
+    *_, kv, blocks, block_tokens, tokens, concurrency = RECORDED[state, variant]
+    sizing = size(_shape(state), L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
                   max_model_len=4096)  # fmt: skip
-    assert sizing.block_tokens == 272
+    assert sizing.block_tokens == block_tokens
     assert int(kv * GIB) // sizing.block_bytes == blocks
     assert blocks / sizing.blocks_per_sequence == pytest.approx(concurrency, abs=0.005)
     assert int(blocks / sizing.blocks_per_sequence * 4096) == pytest.approx(tokens, abs=1)
+
+
+def test_the_default_deployment_is_what_vllm_allocated_for_it() -> None:
+    """The synth gate's figures for the default deployment equal vLLM's own for it (float32
+    state, text only, an L4 at 0.9): 129 blocks of 528 tokens, 48,034 tokens, 11.73x."""
+    sizing = DeploymentConfig().sizing("decode")
+    assert sizing is not None
+    *_, blocks, block_tokens, tokens, concurrency = RECORDED["float32", "text only"]
+    assert (sizing.num_blocks, sizing.block_tokens, sizing.kv_capacity_tokens) == (blocks, block_tokens, tokens)
+    assert sizing.concurrency == pytest.approx(concurrency, abs=0.005)
 
 
 def test_tensor_parallelism_splits_weights_and_kv() -> None:
