@@ -24,7 +24,7 @@ CDK := node_modules/.bin/cdk
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: synth test lint rayenv rehearse rehearse-gpu emulate-gpu bench-gpu clean
+.PHONY: synth test deps lint rayenv rehearse rehearse-gpu emulate-gpu bench-gpu clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -83,7 +83,15 @@ lint: $(VENV)/.test-deps
 	$(PY) -m ruff check .
 	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal tests
 
-test: $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps lint
+TEST_DEPS := $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps
+
+# The five environments are independent: installing them side by side roughly halves a fresh
+# machine's wait (most of it is downloading and unpacking wheels).
+deps:
+	$(MAKE) --no-print-directory -j5 $(TEST_DEPS)
+
+test: deps
+	$(MAKE) --no-print-directory lint
 	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python \
 	EKS_PD_CHECKOV=$(abspath $(VENV_CHECKOV))/bin/checkov \
 	EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
