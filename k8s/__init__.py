@@ -1,16 +1,21 @@
 """cdk8s charts. Nothing here knows about CloudFormation: charts take plain typed props."""
 
+from .network import EndpointServiceChart, EndpointServiceProps, ServingNetworkChart, ServingNetworkProps
 from .ray_service import RayServiceChart
 from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
 
 __all__ = [
+    "EndpointServiceChart",
+    "EndpointServiceProps",
     "EngineSpec",
     "KvTransferSpec",
     "ModelSpec",
     "PodResources",
     "RayServiceChart",
     "RayServiceProps",
+    "ServingNetworkChart",
+    "ServingNetworkProps",
     "WorkerGroupSpec",
     "build_pd_serving_args",
     "build_serve_config",

@@ -14,6 +14,15 @@ from constructs import Construct
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
 from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayServiceProps, WorkerGroupSpec
 
+# Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
+# EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
+# baseline to whoever creates pods here.
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "privileged",
+    "pod-security.kubernetes.io/warn": "baseline",
+    "pod-security.kubernetes.io/audit": "baseline",
+}
+
 
 class RayServiceChart(cdk8s.Chart):
     """Namespace plus RayService; applied as one manifest."""
@@ -26,7 +35,7 @@ class RayServiceChart(cdk8s.Chart):
             "Namespace",
             api_version="v1",
             kind="Namespace",
-            metadata=cdk8s.ApiObjectMetadata(name=props.namespace),
+            metadata=cdk8s.ApiObjectMetadata(name=props.namespace, labels=POD_SECURITY_LABELS),
         )
         service = cdk8s.ApiObject(
             self,

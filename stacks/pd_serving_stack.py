@@ -37,6 +37,18 @@ class PdServingStack(Stack):
                 f"kubectl -n {props.namespace} port-forward svc/{props.serve_service_name} {SERVE_PORT}:{SERVE_PORT}"
             ),
         )
+        endpoint = self.serving.internal_endpoint
+        if endpoint is not None:
+            # The NLB exists only once the controller has reconciled the Service, after deploy:
+            # its DNS name is read from the Service (`python -m eks_pd_serving verify` prints it).
+            CfnOutput(
+                self,
+                "InternalEndpointAddressCommand",
+                value=(
+                    f"kubectl -n {endpoint.props.namespace} get service {endpoint.props.name} "
+                    "-o jsonpath='{.status.loadBalancer.ingress[0].hostname}'"
+                ),
+            )
         CfnOutput(
             self,
             "ChatCompletionsCurl",

@@ -336,3 +336,50 @@ def test_verify_without_cluster_access_names_the_admin_role(tmp_path: Path) -> N
     assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
     assert "the cluster refused your credentials (401 Unauthorized)" in result.stdout
     assert "authenticates as ClusterAdminRoleArn" in result.stdout
+
+
+def _serve(routes: dict[tuple[str, str], tuple[str, str]]) -> tuple[Any, Any]:
+    from kubernetes import client
+
+    Replay.routes = routes
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{server.server_address[1]}"))
+
+
+def test_verify_sees_the_network_policies_the_stack_applies(template_file: Path) -> None:
+    from kubernetes import client
+
+    from eks_pd_serving.assembly import kubernetes_objects
+
+    policies = [o for o in kubernetes_objects(json.loads(template_file.read_text())) if o["kind"] == "NetworkPolicy"]
+    path = "/apis/networking.k8s.io/v1/namespaces/inference/networkpolicies"
+    body = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicyList", "metadata": {}, "items": policies}
+    server, api = _serve({(path, ""): (json.dumps(body), "")})
+    try:
+        assert verify.check_network_policies(client.NetworkingV1Api(api), "inference").passed
+        body["items"] = policies[1:]  # the default deny is gone
+        Replay.routes = {(path, ""): (json.dumps(body), "")}
+        check = verify.check_network_policies(client.NetworkingV1Api(api), "inference")
+        assert not check.passed and "missing ['default-deny-ingress']" in check.detail
+    finally:
+        server.shutdown()
+
+
+def test_verify_prints_the_internal_nlbs_name_once_it_exists() -> None:
+    from kubernetes import client
+
+    path = "/api/v1/namespaces/inference/services/ray-llm-endpoint"
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "ray-llm-endpoint"}, "spec": {},
+               "status": {"loadBalancer": {}}}  # fmt: skip
+    server, api = _serve({(path, ""): (json.dumps(service), "")})
+    try:
+        pending = verify.check_internal_endpoint(client.CoreV1Api(api), "inference", "ray-llm-endpoint")
+        assert not pending.passed and pending.detail.startswith("no NLB address yet")
+        name = "k8s-inferenc-rayllmen-0123456789-abcdef.elb.us-east-1.amazonaws.com"
+        service["status"] = {"loadBalancer": {"ingress": [{"hostname": name}]}}
+        Replay.routes = {(path, ""): (json.dumps(service), "")}
+        ready = verify.check_internal_endpoint(client.CoreV1Api(api), "inference", "ray-llm-endpoint")
+        assert ready.passed and ready.detail.startswith(f"http://{name} ")
+    finally:
+        server.shutdown()

@@ -16,6 +16,7 @@ from kuberay_schema import load_crd_schema, schema_errors
 from eks_pd_serving import versions
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import RayServiceChart
+from eks_pd_serving.k8s.ray_service import POD_SECURITY_LABELS
 from eks_pd_serving.ray_service_props import ray_service_props
 
 SNAPSHOT = ROOT / "tests" / "__snapshots__" / "ray_service.yaml"
@@ -47,7 +48,11 @@ def default_service() -> dict[str, Any]:
 
 def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
     namespace, service = render()
-    assert namespace == {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}}
+    assert namespace == {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": {"name": "inference", "labels": POD_SECURITY_LABELS},
+    }
     assert service["apiVersion"] == "ray.io/v1"
     assert service["metadata"] == {"name": "ray-llm", "namespace": "inference"}
     renamed = ray_service(namespace="llm", ray_service_name="qwen")

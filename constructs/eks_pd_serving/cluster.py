@@ -22,6 +22,8 @@ _CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
 _API_PORT = 443
 # Installed before any node group: nodes need the CNI and kube-proxy to become Ready.
 _NODE_ADDONS = {"VpcCni": "vpc-cni", "KubeProxy": "kube-proxy", "PodIdentityAgent": "eks-pod-identity-agent"}
+# The VPC CNI's network policy agent enforces NetworkPolicies (off unless asked for).
+_ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,14 @@ class EksCluster(Construct):
             nag.acknowledge(self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider))
 
         node_addons = [
-            eks.Addon(self, addon_id, cluster=self.handle, addon_name=name) for addon_id, name in _NODE_ADDONS.items()
+            eks.Addon(
+                self,
+                addon_id,
+                cluster=self.handle,
+                addon_name=name,
+                configuration_values=_ADDON_CONFIGURATION.get(name),
+            )
+            for addon_id, name in _NODE_ADDONS.items()
         ]
         # A launch template for the root volume (EKS gives 20 GiB otherwise: too small for the Ray
         # image) and IMDSv2; with no network interfaces in it, EKS still adds the cluster SG.

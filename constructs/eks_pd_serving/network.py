@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, RemovalPolicy, Stack
+from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, RemovalPolicy, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -15,6 +15,8 @@ from ._private.kms import rotating_key
 from .config import ConfigError
 
 _DEFAULT_MAX_AZS = 2
+# The VPC this package creates when none is brought.
+VPC_CIDR = "10.0.0.0/16"
 
 
 class Network(Construct):
@@ -49,12 +51,24 @@ class Network(Construct):
         # Without a named AZ the first private subnet is chosen, which is stable across synths.
         self.gpu_subnet = self._gpu_subnet(gpu_availability_zone)
 
+    @property
+    def cidr(self) -> str | None:
+        """The VPC's IPv4 CIDR as a literal (a NetworkPolicy needs one), or None when a brought
+        VPC's CIDR is only known at deploy time."""
+        if isinstance(self.vpc, ec2.Vpc) and self.vpc.node.scope is self:
+            return VPC_CIDR
+        try:
+            cidr = self.vpc.vpc_cidr_block
+        except RuntimeError:  # imported by attributes without its CIDR
+            return None
+        return None if Token.is_unresolved(cidr) else cidr
+
     def _new_vpc(self, availability_zones: Sequence[str] | None, nat_gateways: int) -> ec2.IVpc:
         azs = list(availability_zones) if availability_zones else None
         vpc = ec2.Vpc(
             self,
             "Resource",
-            ip_addresses=ec2.IpAddresses.cidr("10.0.0.0/16"),
+            ip_addresses=ec2.IpAddresses.cidr(VPC_CIDR),
             availability_zones=azs,
             max_azs=None if azs else _DEFAULT_MAX_AZS,
             nat_gateways=nat_gateways,

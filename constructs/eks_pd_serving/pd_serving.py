@@ -16,11 +16,17 @@ from .cluster import EksCluster, EksClusterProps
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
 from .gpu_node_group import EfaGpuNodeGroup
+from .internal_endpoint import InternalEndpoint
+from .k8s import EndpointServiceProps, ServingNetworkProps
+from .k8s.network import endpoint_service_name
+from .kuberay_operator import NAMESPACE as OPERATOR_NAMESPACE
 from .kuberay_operator import KubeRayOperator
+from .load_balancer_controller import AwsLoadBalancerController
 from .log_groups import LogGroups
 from .network import Network
 from .ray_service import RayServiceManifest
 from .ray_service_props import ray_service_props
+from .serving_network import ServingNetwork
 
 
 class PdServing(Construct):
@@ -96,8 +102,60 @@ class PdServing(Construct):
             cluster=cluster,
             depends_on=[self.kuberay, self.device_plugins, self.eks.system_nodes, *gpu_nodegroups],
         )
+        self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
         self.log_groups.adopt_lambda_logs(self)
+
+    def _expose(self, config: DeploymentConfig) -> None:
+        """NetworkPolicies in every exposure; with ``internal``, the controller and the NLB Service."""
+        vpc, namespace = self.network.vpc, self.ray_service.props.namespace
+        internal = config.endpoint_exposure == "internal"
+        policy_cidrs: tuple[str, ...] = ()
+        client_cidrs: tuple[str, ...] = ()
+        if internal:
+            vpc_cidr = self.network.cidr
+            if vpc_cidr is None:
+                raise ConfigError(
+                    "endpoint_exposure='internal' needs the brought VPC's IPv4 CIDR at synth (the serve "
+                    "port's NetworkPolicy admits the NLB's addresses from it). Fix: import the VPC with "
+                    "ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
+                )
+            # The NLB's IP targets see its own VPC addresses as the source (client IP preservation
+            # is off for IP targets): the serve port's policy admits the VPC; the NLB's security
+            # group admits only the client CIDRs.
+            client_cidrs = config.endpoint_client_cidrs or (vpc_cidr,)
+            policy_cidrs = tuple(dict.fromkeys((vpc_cidr, *client_cidrs)))
+        self.serving_network = ServingNetwork(
+            self,
+            "ServingNetwork",
+            props=ServingNetworkProps(
+                namespace=namespace, operator_namespace=OPERATOR_NAMESPACE, client_cidrs=policy_cidrs
+            ),
+            cluster=self.eks.cluster,
+            ray_service=self.ray_service,
+        )
+        self.load_balancer_controller: AwsLoadBalancerController | None = None
+        self.internal_endpoint: InternalEndpoint | None = None
+        if not internal:
+            return
+        self.load_balancer_controller = AwsLoadBalancerController(
+            self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=config.region or Aws.REGION
+        )
+        self.load_balancer_controller.chart.node.add_dependency(self.eks.system_nodes)
+        private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        self.internal_endpoint = InternalEndpoint(
+            self,
+            "InternalEndpoint",
+            props=EndpointServiceProps(
+                name=endpoint_service_name(self.ray_service.props.name),
+                namespace=namespace,
+                subnet_ids=tuple(private.subnet_ids),
+                client_cidrs=client_cidrs,
+            ),
+            cluster=self.eks.cluster,
+            controller=self.load_balancer_controller,
+            ray_service=self.ray_service,
+        )
 
     def _refuse_duplicate_cluster_name(self) -> None:
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""

@@ -78,7 +78,18 @@ NVIDIA_DEVICE_PLUGIN_REPOSITORY: Final = "https://nvidia.github.io/k8s-device-pl
 # (its appVersion; chart v0.5.8 shipped image v0.5.5). Its supportedInstanceLabels list g6.8xlarge.
 EFA_DEVICE_PLUGIN_VERSION: Final = "v0.5.30"
 EFA_DEVICE_PLUGIN_IMAGE_VERSION: Final = "v0.5.20"
-EFA_DEVICE_PLUGIN_REPOSITORY: Final = "https://aws.github.io/eks-charts"
+EKS_CHARTS_REPOSITORY: Final = "https://aws.github.io/eks-charts"
+EFA_DEVICE_PLUGIN_REPOSITORY: Final = EKS_CHARTS_REPOSITORY
+
+# AWS Load Balancer Controller (endpoint_exposure=internal): eks-charts chart 3.5.0 ships
+# controller v3.5.0 (its appVersion); policies/ holds that release's docs/install/iam_policy.json
+# (kubernetes-sigs/aws-load-balancer-controller tag v3.5.0, commit 5982613953df).
+AWS_LOAD_BALANCER_CONTROLLER_VERSION: Final = "3.5.0"
+AWS_LOAD_BALANCER_CONTROLLER_POLICY: Final = (
+    f"policies/aws-load-balancer-controller-v{AWS_LOAD_BALANCER_CONTROLLER_VERSION}.json"
+)
+# cdk8s-plus is published per Kubernetes minor (cdk8s-plus-35 for 1.35); requirements.txt pins it.
+CDK8S_PLUS_PACKAGE: Final = "cdk8s-plus-" + DEFAULT_KUBERNETES_VERSION.split(".")[1]
 
 # The serving image and the Ray version inside it: AWS Ray LLM DLC v1.0 carries Ray 2.58.0,
 # vLLM 0.26.0, CUDA 13.0.2, Python 3.13. rayVersion in the RayService must equal RAY_VERSION.
@@ -118,4 +129,7 @@ NVIDIA_DEVICE_PLUGIN_CHART: Final = ChartPin(
 )
 EFA_DEVICE_PLUGIN_CHART: Final = ChartPin(
     "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_REPOSITORY, EFA_DEVICE_PLUGIN_VERSION
+)
+AWS_LOAD_BALANCER_CONTROLLER_CHART: Final = ChartPin(
+    "aws-load-balancer-controller", EKS_CHARTS_REPOSITORY, AWS_LOAD_BALANCER_CONTROLLER_VERSION
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from aws_cdk import CfnResource
 
 LAMBDA_OUTSIDE_VPC = "CKV_AWS_117"
+IAM_WRITE_WITHOUT_CONSTRAINTS = "CKV_AWS_111"
 
 
 def skip(resource: CfnResource, check_id: str, reason: str) -> None:

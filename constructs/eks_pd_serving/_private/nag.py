@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from aws_cdk import Acknowledgment, Stack, Validations
 from constructs import IConstruct
@@ -118,3 +119,18 @@ def provider_framework(provider: IConstruct, handler: IConstruct) -> dict[str, s
             "(<handler arn>:*); the wildcard covers versions of that one function only."
         ),
     }
+
+
+def published_policy_wildcards(document: dict[str, Any], source: str) -> dict[str, str]:
+    """IAM5 for every wildcard resource of a policy taken unchanged from an upstream release."""
+    reason = (
+        f"{source}, unchanged: Describe* and Get* have no resource-level permissions; mutating actions "
+        "are conditioned on the elbv2.k8s.aws/cluster resource tag the controller sets."
+    )
+    found = {}
+    for statement in document["Statement"]:
+        resources = statement["Resource"]
+        for resource in [resources] if isinstance(resources, str) else resources:
+            if "*" in resource:
+                found[f"{PACK}-IAM5[Resource::{resource}]"] = reason
+    return found

@@ -4,7 +4,10 @@
 - the Ray head runs on a system node;
 - prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
 - worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
-- /v1/models and one streamed chat completion answer, with time to first token (--endpoint).
+- /v1/models and one streamed chat completion answer, with time to first token (--endpoint);
+- the serving namespace's NetworkPolicies are in place (the Ray head closed to other pods);
+- with endpoint_exposure=internal: the NLB exists and its DNS name (it answers only from inside
+  the VPC: run verify there with --endpoint http://<that name>).
 
 Open the two ports first, as the stack outputs say:
   kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000
@@ -20,6 +23,7 @@ from typing import Any
 import httpx
 
 from ..endpoint_check import EndpointFailed, check_endpoint
+from ..k8s.network import endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ._common import add_config_arguments, console, load_config, table
 
@@ -92,6 +96,44 @@ def check_pods(
     return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}
 
 
+NETWORK_POLICIES = (
+    "default-deny-ingress",
+    "ray-cluster-internal",
+    "ray-dashboard-from-operator",
+    "ray-serve-from-clients",
+)
+
+
+def check_network_policies(networking: Any, namespace: str) -> Check:
+    found = {p.metadata.name for p in networking.list_namespaced_network_policy(namespace).items}
+    missing = [name for name in NETWORK_POLICIES if name not in found]
+    detail = (
+        f"missing {missing}: the Ray head is open to every pod. Fix: redeploy the stack"
+        if missing
+        else (f"{len(NETWORK_POLICIES)} in {namespace}; enforced only with the VPC CNI's enableNetworkPolicy")
+    )
+    return Check("NetworkPolicies", not missing, detail)
+
+
+def check_internal_endpoint(core: Any, namespace: str, service: str) -> Check:
+    """The NLB the controller made for the endpoint Service: its DNS name, once it exists."""
+    try:
+        status = core.read_namespaced_service(service, namespace).status
+    except Exception as error:  # the client's ApiException, or no such Service
+        return Check("internal endpoint", False, f"Service {namespace}/{service} unreadable ({error})")
+    ingress = (status.load_balancer.ingress or []) if status and status.load_balancer else []
+    hostname = ingress[0].hostname if ingress else None
+    if not hostname:
+        return Check(
+            "internal endpoint",
+            False,
+            "no NLB address yet: the AWS Load Balancer Controller creates it after deploy "
+            f"(kubectl -n kube-system logs deploy/aws-load-balancer-controller; "
+            f"kubectl -n {namespace} describe service {service})",
+        )
+    return Check("internal endpoint", True, f"http://{hostname} (inside the VPC: verify --endpoint http://{hostname})")
+
+
 def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -> Check:
     """Ray dashboard /api/serve/applications/: prefill and decode replicas on different nodes."""
     nodes: dict[str, set[str]] = {"Prefill": set(), "Decode": set()}
@@ -132,6 +174,11 @@ def run(args: argparse.Namespace) -> int:
         return 1
     pod_checks, pod_nodes = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
     checks += pod_checks
+    checks.append(check_network_policies(client.NetworkingV1Api(), settings.namespace))
+    if settings.endpoint_exposure == "internal":
+        checks.append(
+            check_internal_endpoint(core, settings.namespace, endpoint_service_name(settings.ray_service_name))
+        )
     try:
         apps = httpx.get(f"{args.dashboard}/api/serve/applications/", timeout=30).json()
         checks.append(check_replica_placement(apps, pod_nodes))

@@ -23,10 +23,22 @@ ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
 NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 
 
+def _ipv4_networks(cidrs: tuple[str, ...], why_ipv4: str) -> None:
+    for cidr in cidrs:
+        try:
+            network = ipaddress.ip_network(cidr, strict=True)
+        except ValueError:
+            raise ValueError(f"{cidr!r} is not an IPv4 network in CIDR form") from None
+        if network.version != 4:
+            raise ValueError(f"{cidr!r} is IPv6; {why_ipv4}")
+
+
 class FieldRules(BaseModel):
     """The validators, one per kind of value; DeploymentConfig inherits them with the fields."""
 
-    @field_validator("availability_zones", "endpoint_allowed_cidrs", mode="before", check_fields=False)
+    @field_validator(
+        "availability_zones", "endpoint_allowed_cidrs", "endpoint_client_cidrs", mode="before", check_fields=False
+    )
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         """Context strings arrive as 'a,b' or a JSON list."""
@@ -107,15 +119,15 @@ class FieldRules(BaseModel):
     @field_validator("endpoint_allowed_cidrs", check_fields=False)
     @classmethod
     def _cidrs(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for cidr in value:
-            try:
-                network = ipaddress.ip_network(cidr, strict=True)
-            except ValueError:
-                raise ValueError(f"{cidr!r} is not an IPv4 network in CIDR form") from None
-            if network.version != 4:
-                raise ValueError(f"{cidr!r} is IPv6; the EKS public endpoint allow-list is IPv4")
+        _ipv4_networks(value, "the EKS public endpoint allow-list is IPv4")
         if len(value) > 40:
             raise ValueError("EKS accepts at most 40 public access CIDRs")
+        return value
+
+    @field_validator("endpoint_client_cidrs", check_fields=False)
+    @classmethod
+    def _client_cidrs(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        _ipv4_networks(value or (), "the internal endpoint is IPv4")
         return value
 
     @field_validator("admin_role_arn", check_fields=False)

@@ -47,6 +47,12 @@ def check_all(config: DeploymentConfig) -> None:
             f"nat_gateways={config.nat_gateways} exceeds the {az_count} AZs of the VPC. "
             f"Fix: set nat_gateways from 1 to {az_count}"
         )
+    if config.endpoint_client_cidrs and config.endpoint_exposure != "internal":
+        raise ValueError(
+            f"endpoint_client_cidrs={','.join(config.endpoint_client_cidrs)!r} has no effect with "
+            f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, "
+            "or drop endpoint_client_cidrs"
+        )
     _check_gpus(config)
     _check_model(config)
 

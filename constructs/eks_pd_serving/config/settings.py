@@ -244,6 +244,24 @@ class Settings(BaseModel):
         description="NIXL backend that moves the KV cache; LIBFABRIC uses EFA. Default: LIBFABRIC.",
         json_schema_extra=_hint(f"one of {', '.join(NIXL_NETWORK_BACKENDS)}"),
     )
+    endpoint_exposure: Literal["port-forward", "internal"] = Field(
+        "port-forward",
+        description=(
+            "Who can call the OpenAI endpoint. port-forward: a ClusterIP Service only (kubectl "
+            "port-forward). internal: also an internal Network Load Balancer in the private subnets "
+            "(AWS Load Balancer Controller), reachable from endpoint_client_cidrs. Default: port-forward."
+        ),
+        json_schema_extra=_hint("port-forward or internal"),
+    )
+    endpoint_client_cidrs: tuple[str, ...] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "IPv4 CIDRs allowed to call the internal endpoint (the NLB's security group and the serve "
+            "port's NetworkPolicy). Default: the VPC's CIDR."
+        ),
+        json_schema_extra=_hint("IPv4 CIDRs such as 10.0.0.0/16, comma-separated"),
+    )
     ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
         "None",
         description=(

@@ -1,0 +1,99 @@
+"""The AWS Load Balancer Controller (Helm, eks-charts) with EKS Pod Identity, on the system nodes.
+
+It creates the internal NLB for the endpoint Service, outside CloudFormation; so it must run
+until that Service is gone (see ServingNetwork for the order). Its IAM policy is the one the
+controller's release publishes (``policies/``), not a retyped one.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from typing import Any, cast
+
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+from . import versions
+from ._private import checkov, nag
+from ._private.helm import helm_chart
+from .layout import SYSTEM_NODE_LABELS
+
+RELEASE = "aws-load-balancer-controller"
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "aws-load-balancer-controller"
+VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION
+
+
+def published_policy() -> dict[str, Any]:
+    """The controller release's own IAM policy document, as shipped in this package."""
+    text = resources.files("eks_pd_serving").joinpath(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY).read_text()
+    return dict(json.loads(text))
+
+
+class AwsLoadBalancerController(Construct):
+    """:param cluster: the cluster (its name goes into the chart values).
+    :param vpc: the VPC (given to the controller, so it needs no instance metadata to find it).
+    :param region: the region (likewise).
+    """
+
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster, vpc: ec2.IVpc, region: str) -> None:
+        super().__init__(scope, id)
+        # The L1 resource: the document goes in exactly as published (the L2 would rewrite and
+        # merge its statements).
+        self.policy = iam.CfnManagedPolicy(
+            self,
+            "Policy",
+            description=f"AWS Load Balancer Controller v{VERSION} (published policy)",
+            policy_document=published_policy(),
+        )
+        # EKS Pod Identity: the agent add-on exchanges the service account's token for this role.
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
+            managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(self, "PolicyArn", self.policy.ref)],
+        )
+        self.role.assume_role_policy.add_statements(  # type: ignore[union-attr]
+            iam.PolicyStatement(actions=["sts:TagSession"], principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")])
+        )
+        source = (
+            f"The AWS Load Balancer Controller's published policy (v{versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION})"
+        )
+        nag.acknowledge(self.policy, nag.published_policy_wildcards(published_policy(), source))
+        checkov.skip(
+            self.policy,
+            checkov.IAM_WRITE_WITHOUT_CONSTRAINTS,
+            f"{source}: its writes on load balancers, target groups and security groups are tag-conditioned",
+        )
+        self.association = eks.CfnPodIdentityAssociation(
+            self,
+            "PodIdentity",
+            cluster_name=cluster.cluster_name,
+            namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT,
+            role_arn=self.role.role_arn,
+        )
+        self.chart = helm_chart(
+            self,
+            "Resource",
+            cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
+            pin=versions.AWS_LOAD_BALANCER_CONTROLLER_CHART,
+            release=RELEASE,
+            namespace=NAMESPACE,
+            values={
+                "clusterName": cluster.cluster_name,
+                "region": region,
+                "vpcId": vpc.vpc_id,
+                "serviceAccount": {"create": True, "name": SERVICE_ACCOUNT},
+                "nodeSelector": SYSTEM_NODE_LABELS,
+                # Off: with it on, every new LoadBalancer Service in the cluster would go through
+                # this controller's webhook. The endpoint Service names its class instead.
+                "enableServiceMutatorWebhook": False,
+            },
+        )
+        # Credentials are injected when the pods start: the association must exist first.
+        self.chart.node.add_dependency(self.association)

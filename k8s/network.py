@@ -1,0 +1,112 @@
+"""Who may reach the Ray pods, and the endpoint applications in the VPC call (cdk8s-plus-35).
+
+``ServingNetworkChart`` (every exposure): default-deny ingress in the serving namespace; the Ray
+pods reach each other on every port (GCS, raylets, object transfer, NIXL side channels); the
+KubeRay operator reaches the head's dashboard (it reads Serve's status there); the serve port is
+open to the namespace and to the client CIDRs. Nothing else reaches GCS (6379), the dashboard and
+job API (8265), the Ray client (10001) or the metrics port (8080).
+
+``EndpointServiceChart`` (``internal`` exposure): a LoadBalancer Service the AWS Load Balancer
+Controller turns into an internal NLB with IP targets on the Ray head's serve port.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cdk8s
+import cdk8s_plus_35 as kplus
+from constructs import Construct
+
+from .specs import DASHBOARD_PORT, SERVE_PORT
+
+# KubeRay labels every Ray pod it creates with these (ray-operator/controllers/ray/utils/constant.go).
+RAY_NODE_LABELS = {"ray.io/is-ray-node": "yes"}
+# The head, once KubeRay has found its Serve proxy healthy (``ray.io/serve`` is "false" until then).
+SERVING_HEAD_LABELS = {"ray.io/node-type": "head", "ray.io/serve": "true"}
+# The AWS Load Balancer Controller's own class: only this Service depends on the controller.
+NLB_CLASS = "service.k8s.aws/nlb"
+ENDPOINT_PORT = 80
+
+
+def endpoint_service_name(ray_service_name: str) -> str:
+    """The endpoint Service's name (verify reads the NLB's address from it)."""
+    return f"{ray_service_name}-endpoint"
+
+
+@dataclass(frozen=True)
+class ServingNetworkProps:
+    #: The serving namespace (created with the RayService).
+    namespace: str
+    #: The namespace the KubeRay operator runs in.
+    operator_namespace: str
+    #: IPv4 CIDRs that may call the serve port from outside the cluster (the NLB's own addresses
+    #: are in the VPC CIDR, which callers add when the endpoint is internal).
+    client_cidrs: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class EndpointServiceProps:
+    name: str
+    namespace: str
+    #: Subnets for the NLB (private, one per AZ): explicit, so no subnet tag discovery is needed.
+    subnet_ids: tuple[str, ...]
+    #: IPv4 CIDRs allowed through the NLB's security group.
+    client_cidrs: tuple[str, ...]
+
+
+def _tcp(port: int) -> kplus.NetworkPolicyPort:
+    return kplus.NetworkPolicyPort.tcp(port)
+
+
+class ServingNetworkChart(cdk8s.Chart):
+    def __init__(self, scope: Construct, id: str, *, props: ServingNetworkProps) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True, namespace=props.namespace)
+        serving = kplus.Namespaces.select(self, "Serving", names=[props.namespace])
+        ray_pods = kplus.Pods.select(self, "RayPods", labels=RAY_NODE_LABELS, namespaces=serving)
+        any_pod_here = kplus.Pods.all(self, "AllPods", namespaces=serving)
+        operator = kplus.Namespaces.select(self, "OperatorNamespace", names=[props.operator_namespace])
+
+        kplus.NetworkPolicy(
+            self,
+            "DefaultDeny",
+            metadata=cdk8s.ApiObjectMetadata(name="default-deny-ingress"),
+            selector=any_pod_here,
+            ingress=kplus.NetworkPolicyTraffic(default=kplus.NetworkPolicyTrafficDefault.DENY),
+        )
+        cluster = kplus.NetworkPolicy(
+            self, "RayCluster", metadata=cdk8s.ApiObjectMetadata(name="ray-cluster-internal"), selector=ray_pods
+        )
+        cluster.add_ingress_rule(ray_pods)
+        from_operator = kplus.NetworkPolicy(
+            self, "Operator", metadata=cdk8s.ApiObjectMetadata(name="ray-dashboard-from-operator"), selector=ray_pods
+        )
+        from_operator.add_ingress_rule(operator, [_tcp(DASHBOARD_PORT)])
+        serve = kplus.NetworkPolicy(
+            self, "Serve", metadata=cdk8s.ApiObjectMetadata(name="ray-serve-from-clients"), selector=ray_pods
+        )
+        serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
+        for index, cidr in enumerate(props.client_cidrs):
+            serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])
+
+
+class EndpointServiceChart(cdk8s.Chart):
+    def __init__(self, scope: Construct, id: str, *, props: EndpointServiceProps) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True, namespace=props.namespace)
+        annotations = {
+            "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
+            "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
+            "service.beta.kubernetes.io/aws-load-balancer-subnets": ",".join(props.subnet_ids),
+        }
+        service = kplus.Service(
+            self,
+            "Endpoint",
+            metadata=cdk8s.ApiObjectMetadata(name=props.name, annotations=annotations),
+            type=kplus.ServiceType.LOAD_BALANCER,
+            ports=[kplus.ServicePort(name="http", port=ENDPOINT_PORT, target_port=SERVE_PORT)],
+            load_balancer_source_ranges=list(props.client_cidrs),
+        )
+        for key, value in {**RAY_NODE_LABELS, **SERVING_HEAD_LABELS}.items():
+            service.select_label(key, value)
+        # Not expressible in cdk8s-plus: the class routes this Service to the controller alone.
+        cdk8s.ApiObject.of(service).add_json_patch(cdk8s.JsonPatch.add("/spec/loadBalancerClass", NLB_CLASS))
