@@ -55,3 +55,9 @@ def test_a_bumped_pin_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(versions, "AWS_CDK_LIB_VERSION", "2.999.0")
     with pytest.raises(AssertionError):
         test_aws_cdk_lib_and_every_kubectl_layer_are_pinned_where_installed(pins("requirements.txt"))
+
+
+@pytest.mark.parametrize("source", [pins("requirements.txt"), project_pins()], ids=["requirements", "pyproject"])
+def test_cdk8s_plus_matches_the_default_kubernetes_version(source: dict[str, str]) -> None:
+    assert versions.CDK8S_PLUS_PACKAGE == "cdk8s-plus-" + versions.DEFAULT_KUBERNETES_VERSION.split(".")[1]
+    assert versions.CDK8S_PLUS_PACKAGE in source
