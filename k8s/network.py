@@ -2,8 +2,9 @@
 
 ``ServingNetworkChart`` (every exposure): default-deny ingress in the serving namespace; the Ray
 pods reach each other on every port (GCS, raylets, object transfer, NIXL side channels); the
-KubeRay operator reaches the head's dashboard (it reads Serve's status there); the serve port is
-open to the namespace and to the client CIDRs. Nothing else reaches GCS (6379), the dashboard and
+KubeRay operator reaches the dashboard (it reads Serve's status there) and the serve port (it
+probes the head's proxy at /-/healthz to set ``ray.io/serve``, which the Services select on); the
+serve port is open to the namespace and to the client CIDRs. Nothing else reaches GCS (6379), the dashboard and
 job API (8265), the Ray client (10001) or the metrics port (8080).
 
 ``EndpointServiceChart`` (``internal`` exposure): a LoadBalancer Service the AWS Load Balancer
@@ -79,9 +80,10 @@ class ServingNetworkChart(cdk8s.Chart):
         )
         cluster.add_ingress_rule(ray_pods)
         from_operator = kplus.NetworkPolicy(
-            self, "Operator", metadata=cdk8s.ApiObjectMetadata(name="ray-dashboard-from-operator"), selector=ray_pods
+            self, "Operator", metadata=cdk8s.ApiObjectMetadata(name="ray-from-operator"), selector=ray_pods
         )
-        from_operator.add_ingress_rule(operator, [_tcp(DASHBOARD_PORT)])
+        # KubeRay v1.7: the dashboard client (Serve status) and RayHttpProxyClient (proxy health).
+        from_operator.add_ingress_rule(operator, [_tcp(DASHBOARD_PORT), _tcp(SERVE_PORT)])
         serve = kplus.NetworkPolicy(
             self, "Serve", metadata=cdk8s.ApiObjectMetadata(name="ray-serve-from-clients"), selector=ray_pods
         )

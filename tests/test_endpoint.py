@@ -231,6 +231,7 @@ def test_only_the_ray_cluster_reaches_the_heads_control_ports(
         for stranger in (OTHER_POD, PEER_IN_NAMESPACE, NLB_ADDRESS, OUTSIDE):
             assert not admitted(policies, HEAD, stranger, port), (stranger, port)
     assert admitted(policies, HEAD, OPERATOR, 8265)  # KubeRay reads Serve's status there
+    assert admitted(policies, HEAD, OPERATOR, 8000)  # and probes the proxy to set ray.io/serve
     assert not admitted(policies, HEAD, OPERATOR, 6379)
     assert admitted(policies, HEAD, PEER_IN_NAMESPACE, 8000)
     assert not admitted(policies, HEAD, OTHER_POD, 8000)

@@ -99,7 +99,7 @@ def check_pods(
 NETWORK_POLICIES = (
     "default-deny-ingress",
     "ray-cluster-internal",
-    "ray-dashboard-from-operator",
+    "ray-from-operator",
     "ray-serve-from-clients",
 )
 
