@@ -58,6 +58,9 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "system_root_volume_gib": (st.sampled_from([80, 100, "250"]), st.sampled_from([0, 20, 79, "big", 20000])),
     "log_retention_days": (st.sampled_from([1, 30, "365", 3653]), st.sampled_from([0, 2, 10, "month", 4000])),
     "ray_upgrade_strategy": (st.sampled_from(["None", "NewCluster"]), st.sampled_from(["none", "Recreate", ""])),
+    "endpoint_exposure": (st.sampled_from(["port-forward", "internal"]), st.sampled_from(["public", "Internal", ""])),
+    # Valid CIDRs clash with the default exposure (a cross-setting rule): tests/test_endpoint.py has them.
+    "endpoint_client_cidrs": (st.just(None), st.sampled_from(["10.0.0.0/33", "fd00::/8", "vpc"])),
     "gpu_instance_type": (
         st.sampled_from(["g6.8xlarge", "g6.12xlarge", "g6e.24xlarge"]),
         st.sampled_from(["g6.xlarge", "m7i.xlarge", "p9.mega"]),
@@ -159,20 +162,26 @@ def check_template(template_file: Path, config: DeploymentConfig) -> None:
     template = json.loads(template_file.read_text())
     assert template_file.stat().st_size < 800_000 and len(template["Resources"]) < 400
     text = json.dumps(template)
-    assert "LoadBalancer" not in text
+    assert ("LoadBalancer" in text) is (config.endpoint_exposure == "internal")
     node_groups = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
     assert sorted(ng["ScalingConfig"]["DesiredSize"] for ng in node_groups) == sorted(
         [config.system_node_count, config.gpu_node_count]
     )
     (cluster,) = [r["Properties"] for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Cluster"]
     assert cluster["Version"] == config.kubernetes_version
+
+
+def lint_errors(template_files: list[Path]) -> list[dict[str, Any]]:
+    """cfn-lint over many templates in one run (its start-up dominates a single file's time)."""
     lint = subprocess.run(
-        [CFN_LINT, "--format", "json", str(template_file)], capture_output=True, text=True, check=False
+        [CFN_LINT, "--format", "json", *map(str, template_files)], capture_output=True, text=True, check=False
     )
-    assert [f for f in json.loads(lint.stdout) if f["Level"] == "Error"] == []
+    return [f for f in json.loads(lint.stdout) if f["Level"] == "Error"]
 
 
-def test_app_end_to_end_on_a_sample_of_generated_cases() -> None:
+def test_app_end_to_end_on_a_sample_of_generated_cases(tmp_path: Path) -> None:
+    synthesized: list[Path] = []
+
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     @given(configurations(plausible_percent=80))
     def check(context: dict[str, Any]) -> None:
@@ -189,8 +198,23 @@ def test_app_end_to_end_on_a_sample_of_generated_cases() -> None:
             else:
                 COUNTS["synth_valid"] += 1
                 assert result.returncode == 0, result.stderr[-2000:]
-                check_template(outdir / "RayLlmPdServing.template.json", config)
+                template_file = outdir / "RayLlmPdServing.template.json"
+                check_template(template_file, config)
+                kept = tmp_path / f"case{COUNTS['synth']}.template.json"
+                kept.write_bytes(template_file.read_bytes())
+                synthesized.append(kept)
 
     check()
     print(f"\nend to end: {COUNTS['synth']} generated cases through app.py, {COUNTS['synth_valid']} synthesized")
-    assert COUNTS["synth"] >= 20
+    assert COUNTS["synth"] >= 20 and synthesized
+    assert lint_errors(synthesized) == []
+
+
+def test_the_batched_lint_reports_a_broken_template_among_good_ones(template_file: Path, tmp_path: Path) -> None:
+    template = json.loads(template_file.read_text())
+    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
+    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
+    broken = tmp_path / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    assert lint_errors([template_file]) == []
+    assert [e["Filename"] for e in lint_errors([template_file, broken])] == [str(broken)]
