@@ -23,6 +23,9 @@ CDK := node_modules/.bin/cdk
 # Node 22 or 24 there is nothing to silence; upgrade if you see the banner outside make.
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
+# Byte-compiling every installed file (torch, vLLM, Ray: tens of thousands) costs minutes on a
+# fresh machine; Python compiles what it imports, when it imports it.
+export PIP_NO_COMPILE := 1
 
 .PHONY: synth test deps lint rayenv rehearse rehearse-gpu emulate-gpu bench-gpu clean
 

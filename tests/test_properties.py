@@ -182,7 +182,7 @@ def lint_errors(template_files: list[Path]) -> list[dict[str, Any]]:
 def test_app_end_to_end_on_a_sample_of_generated_cases(tmp_path: Path) -> None:
     synthesized: list[Path] = []
 
-    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
+    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None, derandomize=True)
     @given(configurations(plausible_percent=80))
     def check(context: dict[str, Any]) -> None:
         config, message = outcome(context)
@@ -206,7 +206,7 @@ def test_app_end_to_end_on_a_sample_of_generated_cases(tmp_path: Path) -> None:
 
     check()
     print(f"\nend to end: {COUNTS['synth']} generated cases through app.py, {COUNTS['synth_valid']} synthesized")
-    assert COUNTS["synth"] >= 20 and synthesized
+    assert COUNTS["synth"] >= 12 and synthesized
     assert lint_errors(synthesized) == []
 
 
