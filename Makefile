@@ -27,7 +27,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # fresh machine; Python compiles what it imports, when it imports it.
 export PIP_NO_COMPILE := 1
 
-.PHONY: synth test deps lint rayenv rehearse rehearse-gpu emulate-gpu bench-gpu clean
+.PHONY: synth test test-core deps lint rayenv rehearse rehearse-gpu rehearse-gpu-image emulate-gpu bench-gpu clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -81,24 +81,41 @@ emulate-gpu: $(GPU_DEPS) synth
 bench-gpu: $(GPU_DEPS) synth
 	$(GPU_PYTHON) -m rehearsal.gpu bench --template $(TEMPLATE) $(GPU_ARGS)
 
+# The same harness inside the serving image itself (its CUDA libraries, FlashInfer, EFA software):
+# needs docker, the NVIDIA container toolkit and `docker login` to the image's ECR registry.
+# Not run where this was developed (no docker on the GPU machine).
+GPU_IMAGE ?= $(shell $(PY) -c 'from eks_pd_serving.versions import ray_image_uri; print(ray_image_uri("us-east-1"))')
+rehearse-gpu-image: synth
+	docker run --rm --gpus all --ipc host --network host -v $(CURDIR):/work -w /work $(GPU_IMAGE) \
+		python -m rehearsal.gpu rehearse --template $(TEMPLATE) $(GPU_ARGS)
+
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
 	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal tests
 
-TEST_DEPS := $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps $(VENV_REHEARSE)/.deps node_modules/.deps
+CORE_DEPS := $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps node_modules/.deps
+TEST_DEPS := $(CORE_DEPS) $(VENV_REHEARSE)/.deps
+TEST_ENV := EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python EKS_PD_CHECKOV=$(abspath $(VENV_CHECKOV))/bin/checkov
+# What needs the rehearsal's virtualenv (vLLM CPU, several GB, the slowest to install).
+REHEARSAL_TESTS := tests/test_rehearsal.py \
+	tests/test_gpu_rehearsal.py::test_without_a_gpu_the_gpu_rehearsal_says_so_and_exits_2
 
-# The five environments are independent: installing them side by side roughly halves a fresh
-# machine's wait (most of it is downloading and unpacking wheels).
+# The environments are independent: installing them side by side shortens a fresh machine's wait
+# (most of it is downloading and unpacking wheels).
 deps:
 	$(MAKE) --no-print-directory -j5 $(TEST_DEPS)
 
-test: deps
-	$(MAKE) --no-print-directory lint
-	EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python \
-	EKS_PD_CHECKOV=$(abspath $(VENV_CHECKOV))/bin/checkov \
-	EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
-	$(PY) -m pytest --durations=10
+# On a fresh machine the rehearsal's virtualenv installs while lint and every other test run;
+# the rehearsal tests follow. Two pytest summaries; both must pass.
+test:
+	$(MAKE) --no-print-directory -j4 $(CORE_DEPS)
+	$(MAKE) --no-print-directory -j2 $(VENV_REHEARSE)/.deps test-core
+	$(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
+		$(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
+
+test-core: lint
+	$(TEST_ENV) $(PY) -m pytest --durations=10 --ignore=tests/test_rehearsal.py
 
 clean:
 	rm -rf cdk.out .rehearsal .pytest_cache .mypy_cache .ruff_cache

@@ -99,6 +99,9 @@ class EndpointServiceChart(cdk8s.Chart):
             "service.beta.kubernetes.io/aws-load-balancer-scheme": "internal",
             "service.beta.kubernetes.io/aws-load-balancer-nlb-target-type": "ip",
             "service.beta.kubernetes.io/aws-load-balancer-subnets": ",".join(props.subnet_ids),
+            # Explicit (it is the default for IP targets): the pods then see the NLB's own VPC
+            # addresses, which is what ServingNetworkChart's serve-port policy admits.
+            "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes": "preserve_client_ip.enabled=false",
         }
         service = kplus.Service(
             self,

@@ -114,6 +114,8 @@ def test_the_endpoint_service_asks_for_an_internal_nlb_with_ip_targets(internal:
     annotations = service["metadata"]["annotations"]
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-scheme"] == "internal"
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-nlb-target-type"] == "ip"
+    attributes = annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"]
+    assert attributes == "preserve_client_ip.enabled=false"  # the source the serve-port policy admits
     private = [k for k, r in internal["Resources"].items() if r["Type"] == "AWS::EC2::Subnet" and "PrivateSubnet" in k]
     assert annotations["service.beta.kubernetes.io/aws-load-balancer-subnets"].count("Ref") == len(private) == 2
     spec = service["spec"]
@@ -277,6 +279,7 @@ def test_a_broken_object_fails_the_schema() -> None:
         ({"endpoint_exposure": "internal", "endpoint_client_cidrs": "10.0.0.0/33"}, "is not an IPv4 network"),
         ({"endpoint_exposure": "internal", "endpoint_client_cidrs": "fd00::/8"}, "is IPv6"),
         ({"endpoint_client_cidrs": "10.1.0.0/16"}, "has no effect with endpoint_exposure='port-forward'"),
+        ({"endpoint_exposure": "internal", "region": "us-gov-west-1"}, "commercial-partition"),
     ],
 )
 def test_bad_endpoint_settings_are_refused(settings: dict[str, Any], message: str) -> None:

@@ -53,6 +53,14 @@ def check_all(config: DeploymentConfig) -> None:
             f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, "
             "or drop endpoint_client_cidrs"
         )
+    region = config.region or ""
+    other_partition = region.startswith("cn-") or "-gov-" in region or "-iso" in region
+    if config.endpoint_exposure == "internal" and other_partition:
+        raise ValueError(
+            f"endpoint_exposure='internal' in region={config.region!r}: the AWS Load Balancer Controller policy "
+            "shipped here is the release's commercial-partition one (arn:aws:...). Fix: use "
+            "endpoint_exposure=port-forward in this partition"
+        )
     _check_gpus(config)
     _check_model(config)
 
