@@ -32,17 +32,14 @@ from typing import Any
 
 from eks_pd_serving.sizing import GIB
 
-from . import bench, gpu_profile, profile, qwen35_checkpoint, run, verdict
+from . import bench, gpu_profile, profile, qwen35_checkpoint, run
+from .run import log
 
 # The engines' Triton kernels compile on first use; the first start of a 9B engine took ~140 s.
 DEPLOY_TIMEOUT_S = 480.0
 VARIANTS = {"text-only": True, "multimodal": False}  # language_model_only
 # A few requests of each kind before measuring (first calls compile kernels).
 WARM_UP = bench.Workload(window_s=3, streams=2, long_prompts=1, first_long_at_s=0.5)
-
-
-def log(message: str) -> None:
-    print(message, flush=True)
 
 
 def _model(args: argparse.Namespace, work: Path) -> tuple[Path, bool]:
@@ -71,23 +68,10 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
     if host.gpus < 2:
         log(f"== one GPU: prefill and decode share it, {gpu_profile.SHARED_GPU_UTILIZATION} of its memory each")
     report: dict[str, Any] = {"host": vars(host), "deployed": deployed, "rehearsed": rehearsed, "env": env}
-    try:
-        control = gpu_profile.colocated(rehearsed, replicas=1)
-        report.update(run.rehearse_both(rehearsed, env, args.timeout_s, model_id, started, control=control))
-    except KeyboardInterrupt:
-        log("interrupted: everything stopped")
-        return 130
-    except Exception as error:
-        log(f"REHEARSAL FAILED: {type(error).__name__}: {error}")
-        return 1
-    finally:
-        args.report.parent.mkdir(parents=True, exist_ok=True)
-        args.report.write_text(json.dumps(report, indent=2, default=str))
-    ok, lines = verdict.judge(report, strict=False)
-    for line in lines:
-        log(line)
-    log(f"total {time.monotonic() - started:.1f} s; report in {args.report}")
-    return 0 if ok else 1
+    control = profile.colocated_control(rehearsed, placement=None)
+    return run.rehearse_and_judge(
+        report, env, args.timeout_s, model_id, started, args.report, control=control, strict=False
+    )
 
 
 def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
@@ -149,7 +133,7 @@ def run_bench(args: argparse.Namespace, host: gpu_profile.GpuHost, started: floa
     ray_service, deployed, model_id = _deployed(args.template)
     model_dir, dummy = _model(args, args.work_dir)
     pd = gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=dummy)
-    layouts = {"pd": pd, "colocated": gpu_profile.colocated(pd, replicas=max(1, min(2, host.gpus)))}
+    layouts = {"pd": pd, "colocated": profile.colocated_control(pd, replicas=max(1, min(2, host.gpus)), placement=None)}
     env = gpu_profile.gpu_env(profile.worker_env(ray_service), host)
     workload = bench.Workload(window_s=args.window_s, streams=args.streams, long_prompts=args.long_prompts)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

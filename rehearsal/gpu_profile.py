@@ -127,25 +127,6 @@ def gpu_env(worker_env: dict[str, str], host: GpuHost) -> dict[str, str]:
     return env
 
 
-def colocated(rehearsed: dict[str, Any], replicas: int, route_prefix: str = "/") -> dict[str, Any]:
-    """The decode engine's settings without the connector, ``replicas`` copies on their own GPUs:
-    the baseline the PD layout is compared with on the same GPUs."""
-    (app,) = rehearsed["applications"]
-    llm = copy.deepcopy(app["args"]["decode_config"])
-    llm["engine_kwargs"].pop("kv_transfer_config")
-    llm["deployment_config"]["num_replicas"] = replicas
-    return {
-        "applications": [
-            {
-                "name": "colocated",
-                "import_path": "ray.serve.llm:build_openai_app",
-                "route_prefix": route_prefix,
-                "args": {"llm_configs": [llm]},
-            }
-        ]
-    }
-
-
 # vLLM 0.26.0's profiler lines (v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py).
 _FIGURES = {
     "weights_gib": r"Model loading took ([\d.]+) GiB memory",

@@ -83,12 +83,22 @@ def custom_resources(serve_config: dict[str, Any]) -> dict[str, float]:
     return found
 
 
-def colocated_control(rehearsed: dict[str, Any]) -> dict[str, Any]:
-    """One engine, no KV connector: the baseline outputs and the negative control."""
+# The CPU rehearsal's engines ask for a CPU instead of a GPU.
+LOCAL_PLACEMENT = {"bundles": [{"CPU": 1}]}
+
+
+def colocated_control(
+    rehearsed: dict[str, Any], *, replicas: int = 1, placement: dict[str, Any] | None = LOCAL_PLACEMENT
+) -> dict[str, Any]:
+    """The decode engine's settings without the KV connector, ``replicas`` of it: the baseline
+    outputs and the negative control (one replica), or the colocated layout a benchmark compares
+    PD with. ``placement`` replaces the engine's placement; None keeps the decode engine's."""
     (app,) = rehearsed["applications"]
     llm = copy.deepcopy(app["args"]["decode_config"])
     llm["engine_kwargs"].pop("kv_transfer_config")
-    llm["placement_group_config"] = {"bundles": [{"CPU": 1}]}
+    llm["deployment_config"]["num_replicas"] = replicas
+    if placement is not None:
+        llm["placement_group_config"] = copy.deepcopy(placement)
     return {
         "applications": [
             {

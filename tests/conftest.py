@@ -35,6 +35,29 @@ SHARED = ROOT.parent / "shared"
 FEATURE_FLAGS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items() if k.startswith("@")}
 
 
+CFN_LINT = str(Path(sys.executable).parent / "cfn-lint")
+
+
+def cfn_lint(*templates: Path) -> list[dict[str, Any]]:
+    """cfn-lint's findings for one or many templates in one run (its start-up dominates)."""
+    out = subprocess.run(
+        [CFN_LINT, "--format", "json", *map(str, templates)], capture_output=True, text=True, check=False
+    )
+    # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
+    assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
+    return list(json.loads(out.stdout))
+
+
+def broken_template(template_file: Path, folder: Path) -> Path:
+    """A copy of the template with a NAT gateway's ConnectivityKind no schema allows."""
+    template = json.loads(template_file.read_text())
+    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
+    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
+    broken = folder / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    return broken
+
+
 def leaves(tree: Any, path: str = "") -> dict[str, Any]:
     """Every leaf of a JSON-like tree by its path (lists of dicts by index): for diffing configs."""
     if isinstance(tree, dict):

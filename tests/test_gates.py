@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,11 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks
-from conftest import ROOT, new_app, synth_assembly
+from conftest import ROOT, broken_template, cfn_lint, new_app, synth_assembly
 
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
-CFN_LINT = [str(Path(sys.executable).parent / "cfn-lint")]
 CHECKOV = Path(os.environ.get("EKS_PD_CHECKOV", ROOT / ".venv-checkov" / "bin" / "checkov"))
 # cfn-lint warnings accepted, with the reason (README, Security).
 ACCEPTED_WARNINGS = {
@@ -73,13 +71,6 @@ def test_cdk_nag_fails_synth_on_an_unacknowledged_finding(tmp_path: Path) -> Non
 
 
 # --- cfn-lint -----------------------------------------------------------------------------
-def cfn_lint(template: Path) -> list[dict[str, Any]]:
-    out = subprocess.run([*CFN_LINT, "--format", "json", str(template)], capture_output=True, text=True, check=False)
-    # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
-    assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
-    return list(json.loads(out.stdout))
-
-
 def test_cfn_lint_finds_no_errors_and_only_accepted_warnings(gated: Path) -> None:
     findings = cfn_lint(gated)
     assert [f for f in findings if f["Level"] == "Error"] == []
@@ -87,12 +78,7 @@ def test_cfn_lint_finds_no_errors_and_only_accepted_warnings(gated: Path) -> Non
 
 
 def test_cfn_lint_catches_a_broken_template(template_file: Path, tmp_path: Path) -> None:
-    template = json.loads(template_file.read_text())
-    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
-    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
-    broken = tmp_path / "broken.template.json"
-    broken.write_text(json.dumps(template))
-    assert any(f["Level"] == "Error" for f in cfn_lint(broken))
+    assert any(f["Level"] == "Error" for f in cfn_lint(broken_template(template_file, tmp_path)))
 
 
 # --- checkov ------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
 
 def test_the_colocated_baseline_is_the_decode_engine_without_a_connector(deployed: dict[str, Any]) -> None:
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), H200, dummy_weights=True)
-    (app,) = gpu_profile.colocated(rehearsed, replicas=2)["applications"]
+    (app,) = profile.colocated_control(rehearsed, replicas=2, placement=None)["applications"]
     (llm,) = app["args"]["llm_configs"]
     assert app["import_path"] == "ray.serve.llm:build_openai_app"
     assert llm["deployment_config"]["num_replicas"] == 2

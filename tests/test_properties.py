@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from conftest import run_app
+from conftest import broken_template, cfn_lint, run_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
-CFN_LINT = str(Path(sys.executable).parent / "cfn-lint")
 _MESSAGE = re.compile(r"^(unknown setting )?(?P<key>[a-z_]+)=")
 
 
@@ -171,14 +168,6 @@ def check_template(template_file: Path, config: DeploymentConfig) -> None:
     assert cluster["Version"] == config.kubernetes_version
 
 
-def lint_errors(template_files: list[Path]) -> list[dict[str, Any]]:
-    """cfn-lint over many templates in one run (its start-up dominates a single file's time)."""
-    lint = subprocess.run(
-        [CFN_LINT, "--format", "json", *map(str, template_files)], capture_output=True, text=True, check=False
-    )
-    return [f for f in json.loads(lint.stdout) if f["Level"] == "Error"]
-
-
 def test_app_end_to_end_on_a_sample_of_generated_cases(tmp_path: Path) -> None:
     synthesized: list[Path] = []
 
@@ -207,14 +196,10 @@ def test_app_end_to_end_on_a_sample_of_generated_cases(tmp_path: Path) -> None:
     check()
     print(f"\nend to end: {COUNTS['synth']} generated cases through app.py, {COUNTS['synth_valid']} synthesized")
     assert COUNTS["synth"] >= 12 and synthesized
-    assert lint_errors(synthesized) == []
+    assert [f for f in cfn_lint(*synthesized) if f["Level"] == "Error"] == []
 
 
 def test_the_batched_lint_reports_a_broken_template_among_good_ones(template_file: Path, tmp_path: Path) -> None:
-    template = json.loads(template_file.read_text())
-    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
-    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
-    broken = tmp_path / "broken.template.json"
-    broken.write_text(json.dumps(template))
-    assert lint_errors([template_file]) == []
-    assert [e["Filename"] for e in lint_errors([template_file, broken])] == [str(broken)]
+    broken = broken_template(template_file, tmp_path)
+    assert [f for f in cfn_lint(template_file) if f["Level"] == "Error"] == []
+    assert [f["Filename"] for f in cfn_lint(template_file, broken) if f["Level"] == "Error"] == [str(broken)]

@@ -1,7 +1,7 @@
 """The AWS Load Balancer Controller (Helm, eks-charts) with EKS Pod Identity, on the system nodes.
 
 It creates the internal NLB for the endpoint Service, outside CloudFormation; so it must run
-until that Service is gone (see ServingNetwork for the order). Its IAM policy is the one the
+until that Service is gone (see InternalEndpoint for the order). Its IAM policy is the one the
 controller's release publishes (``policies/``), not a retyped one.
 """
 
@@ -25,6 +25,7 @@ RELEASE = "aws-load-balancer-controller"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "aws-load-balancer-controller"
 VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION
+POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 
 
 def published_policy() -> dict[str, Any]:
@@ -41,29 +42,29 @@ class AwsLoadBalancerController(Construct):
 
     def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster, vpc: ec2.IVpc, region: str) -> None:
         super().__init__(scope, id)
+        document = published_policy()
+        pod_identity = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
         # The L1 resource: the document goes in exactly as published (the L2 would rewrite and
         # merge its statements).
         self.policy = iam.CfnManagedPolicy(
             self,
             "Policy",
             description=f"AWS Load Balancer Controller v{VERSION} (published policy)",
-            policy_document=published_policy(),
+            policy_document=document,
         )
         # EKS Pod Identity: the agent add-on exchanges the service account's token for this role.
         self.role = iam.Role(
             self,
             "Role",
-            assumed_by=iam.ServicePrincipal("pods.eks.amazonaws.com"),
+            assumed_by=pod_identity,
             description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
             managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(self, "PolicyArn", self.policy.ref)],
         )
         self.role.assume_role_policy.add_statements(  # type: ignore[union-attr]
-            iam.PolicyStatement(actions=["sts:TagSession"], principals=[iam.ServicePrincipal("pods.eks.amazonaws.com")])
+            iam.PolicyStatement(actions=["sts:TagSession"], principals=[pod_identity])
         )
-        source = (
-            f"The AWS Load Balancer Controller's published policy (v{versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION})"
-        )
-        nag.acknowledge(self.policy, nag.published_policy_wildcards(published_policy(), source))
+        source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"
+        nag.acknowledge(self.policy, nag.published_policy_wildcards(document, source))
         checkov.skip(
             self.policy,
             checkov.IAM_WRITE_WITHOUT_CONSTRAINTS,
