@@ -3,7 +3,16 @@
 from .network import EndpointServiceChart, EndpointServiceProps, ServingNetworkChart, ServingNetworkProps
 from .ray_service import RayServiceChart
 from .serve_config import build_pd_serving_args, build_serve_config
-from .specs import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
+from .specs import (
+    EngineSpec,
+    KvTransferSpec,
+    ModelSpec,
+    PodResources,
+    RayAutoscalerSpec,
+    RayServiceProps,
+    ReplicaAutoscaling,
+    WorkerGroupSpec,
+)
 
 __all__ = [
     "EndpointServiceChart",
@@ -12,8 +21,10 @@ __all__ = [
     "KvTransferSpec",
     "ModelSpec",
     "PodResources",
+    "RayAutoscalerSpec",
     "RayServiceChart",
     "RayServiceProps",
+    "ReplicaAutoscaling",
     "ServingNetworkChart",
     "ServingNetworkProps",
     "WorkerGroupSpec",

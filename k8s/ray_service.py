@@ -12,7 +12,9 @@ import cdk8s
 from constructs import Construct
 
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
-from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayServiceProps, WorkerGroupSpec
+from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayAutoscalerSpec, RayServiceProps, WorkerGroupSpec
+
+SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -53,14 +55,27 @@ def serve_config_yaml(props: RayServiceProps) -> str:
 
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"rayVersion": props.ray_version}
+    if props.autoscaler:
+        cluster.update(enableInTreeAutoscaling=True, autoscalerOptions=_autoscaler(props.autoscaler))
+    cluster.update(
+        headGroupSpec=_head_group(props),
+        workerGroupSpecs=[_worker_group(props, group) for group in props.workers],
+    )
     return {
         "upgradeStrategy": {"type": props.upgrade_strategy},
         "serveConfigV2": serve_config_yaml(props),
-        "rayClusterConfig": {
-            "rayVersion": props.ray_version,
-            "headGroupSpec": _head_group(props),
-            "workerGroupSpecs": [_worker_group(props, group) for group in props.workers],
-        },
+        "rayClusterConfig": cluster,
+    }
+
+
+def _autoscaler(spec: RayAutoscalerSpec) -> dict[str, Any]:
+    amounts = {"cpu": spec.cpu, "memory": spec.memory}
+    return {
+        # Default: add the pods pending replicas ask for at once (Conservative would ramp).
+        "upscalingMode": "Default",
+        "idleTimeoutSeconds": spec.idle_timeout_s,
+        "resources": {"requests": amounts, "limits": dict(amounts)},
     }
 
 
@@ -112,18 +127,25 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     ]
     if props.hybrid_model:
         env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})
+    low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {
         "groupName": group.name,
         "replicas": group.replicas,
-        "minReplicas": group.replicas,
-        "maxReplicas": group.replicas,
+        "minReplicas": low,
+        "maxReplicas": high,
         "rayStartParams": {"object-store-memory": str(group.resources.object_store_bytes)},
     }
     if group.ray_resources:
         spec["resources"] = group.ray_resources
+    template: dict[str, Any] = {}
+    if group.replica_bounds:
+        # Only the Ray autoscaler removes a worker (once no replica runs on it); the Cluster
+        # Autoscaler must not evict one to consolidate nodes.
+        template["metadata"] = {"annotations": {SAFE_TO_EVICT: "false"}}
     return {
         **spec,
         "template": {
+            **template,
             "spec": {
                 "nodeSelector": group.node_selector,
                 "containers": [
@@ -138,6 +160,6 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
                     }
                 ],
                 "volumes": [_shm_volume(group.resources)],
-            }
+            },
         },
     }

@@ -20,11 +20,43 @@ KV_CONNECTOR = "NixlConnector"
 _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
+def deployment_config(engine: EngineSpec) -> dict[str, Any]:
+    """Serve's deployment options: a fixed count, or autoscaling between bounds. Ray Serve LLM
+    leaves ``target_ongoing_requests`` at 1e9 unless told, which never scales up."""
+    scaling = engine.autoscaling
+    if scaling is None:
+        return {"num_replicas": engine.replicas}
+    return {
+        "autoscaling_config": {
+            "min_replicas": scaling.min_replicas,
+            "max_replicas": scaling.max_replicas,
+            "target_ongoing_requests": scaling.target_ongoing_requests,
+            "upscale_delay_s": scaling.upscale_delay_s,
+            "downscale_delay_s": scaling.downscale_delay_s,
+        },
+        "graceful_shutdown_timeout_s": scaling.graceful_shutdown_timeout_s,
+    }
+
+
+def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
+    config: dict[str, Any] = {
+        "kv_connector": KV_CONNECTOR,
+        "kv_role": _ROLES[phase],
+        "engine_id": phase,
+        "kv_buffer_device": kv.buffer_device,
+        "kv_connector_extra_config": {"backends": [kv.backend]},
+    }
+    if phase == "decode" and kv.load_failure_policy:
+        # Only the consumer loads KV; a failed pull is recomputed there instead of failing the request.
+        config["kv_load_failure_policy"] = kv.load_failure_policy
+    return config
+
+
 def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec) -> dict[str, Any]:
     """One side's Ray Serve ``LLMConfig`` as a plain dict."""
     config: dict[str, Any] = {
         "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},
-        "deployment_config": {"num_replicas": engine.replicas},
+        "deployment_config": deployment_config(engine),
         "engine_kwargs": {
             "max_model_len": model.max_model_len,
             "dtype": model.dtype,
@@ -32,13 +64,7 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             "enforce_eager": engine.enforce_eager,
             **({"language_model_only": True} if model.language_model_only else {}),
             "tensor_parallel_size": engine.tensor_parallel_size,
-            "kv_transfer_config": {
-                "kv_connector": KV_CONNECTOR,
-                "kv_role": _ROLES[phase],
-                "engine_id": phase,
-                "kv_buffer_device": kv.buffer_device,
-                "kv_connector_extra_config": {"backends": [kv.backend]},
-            },
+            "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
     if engine.placement_resource:

@@ -24,6 +24,25 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
+class ReplicaAutoscaling:
+    """Serve's ``autoscaling_config`` for one phase, and how long a replica being scaled down
+    may finish what it holds."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float
+    #: Load above target this long adds replicas. Default: 30 s (Serve's): an engine takes
+    #: minutes to start, so waiting longer only adds to that.
+    upscale_delay_s: float = 30.0
+    #: Load below target this long removes replicas. Default: 900 s: a removed replica costs
+    #: minutes (node, image, weights) to bring back; keep it through a quarter-hour lull.
+    downscale_delay_s: float = 900.0
+    #: A replica being removed stops taking requests and gets this long to finish its streams
+    #: before it is killed. Default: 300 s, a 4,096-token answer at ~15 tokens/s.
+    graceful_shutdown_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     """One phase (prefill or decode)."""
 
@@ -32,6 +51,8 @@ class EngineSpec:
     enforce_eager: bool
     # A Ray resource only this phase's worker group offers; pins its replicas there.
     placement_resource: str | None = None
+    # None: ``replicas`` replicas, fixed.
+    autoscaling: ReplicaAutoscaling | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,9 @@ class KvTransferSpec:
 
     backend: str
     buffer_device: str
+    # vLLM's kv_load_failure_policy on the decode side: "recompute" makes decode recompute the
+    # blocks it could not pull (a prefill replica gone). None leaves vLLM's default ("fail").
+    load_failure_policy: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,20 @@ class WorkerGroupSpec:
     node_selector: dict[str, str]
     # Ray logical resources the group's pods advertise (KubeRay `resources`).
     ray_resources: dict[str, str] = field(default_factory=dict)
+    # With the Ray autoscaler: the pods it may run (``replicas`` is then the start). None: fixed.
+    replica_bounds: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class RayAutoscalerSpec:
+    """KubeRay's in-tree Ray autoscaler (a sidecar of the head pod)."""
+
+    #: An idle worker pod (no replica on it) is removed after this long; the Cluster Autoscaler
+    #: then removes its empty node. Default: 300 s.
+    idle_timeout_s: int = 300
+    #: The sidecar's requests and limits. Default: 500m CPU, 512Mi (KubeRay's own default).
+    cpu: str = "500m"
+    memory: str = "512Mi"
 
 
 @dataclass(frozen=True)
@@ -100,6 +138,8 @@ class RayServiceProps:
     system_node_selector: dict[str, str]
     # KubeRay upgradeStrategy.type: None (serve config in place) or NewCluster (blue/green).
     upgrade_strategy: str = "None"
+    # None: worker pods fixed at each group's replicas.
+    autoscaler: RayAutoscalerSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

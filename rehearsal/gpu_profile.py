@@ -100,6 +100,7 @@ def gpu_profile(
         for side in SIDES:
             llm = app["args"][side]
             llm["model_loading_config"]["model_source"] = str(model_dir)
+            llm["deployment_config"].pop("autoscaling_config", None)  # one replica, even if autoscaled
             llm["deployment_config"]["num_replicas"] = 1
             engine = llm["engine_kwargs"]
             engine["tensor_parallel_size"] = 1

@@ -43,18 +43,35 @@ def _check(condition: bool, message: str) -> None:
         raise ProbeFailed(message)
 
 
+def _samples(metrics_url: str) -> list[tuple[str, dict[str, str], float]]:
+    found = []
+    for line in httpx.get(metrics_url, timeout=30).text.splitlines():
+        match = _SAMPLE.match(line)
+        if match:
+            found.append((match["name"], dict(_LABEL.findall(match["labels"] or "")), float(match["value"])))
+    return found
+
+
 def engine_counters(metrics_url: str) -> dict[str, float]:
     """The KV counters summed over every engine replica, from Ray's Prometheus endpoint."""
     totals = dict.fromkeys(COUNTERS, 0.0)
-    for line in httpx.get(metrics_url, timeout=30).text.splitlines():
-        match = _SAMPLE.match(line)
-        if not match:
-            continue
-        source = dict(_LABEL.findall(match["labels"] or "")).get("source")
-        for key, (name, wanted_source) in COUNTERS.items():
-            if match["name"] == name and wanted_source in (None, source):
-                totals[key] += float(match["value"])
+    for name, labels, value in _samples(metrics_url):
+        for key, (wanted, wanted_source) in COUNTERS.items():
+            if name == wanted and wanted_source in (None, labels.get("source")):
+                totals[key] += value
     return totals
+
+
+def external_kv_by_replica(metrics_url: str) -> dict[str, float]:
+    """Prompt tokens each engine loaded from a remote engine, by the Serve replica it runs in."""
+    name, source = EXTERNAL
+    found: dict[str, float] = {}
+    for sample, labels, value in _samples(metrics_url):
+        if sample == name and labels.get("source") == source:
+            # Ray tags every metric a Serve replica exports with its ReplicaId.
+            replica = labels.get("ReplicaId", "")
+            found[replica] = found.get(replica, 0.0) + value
+    return found
 
 
 def settled_counters(metrics_url: str, quiet_s: float = 2.0, limit_s: float = 30.0) -> dict[str, float]:
@@ -87,11 +104,11 @@ class CounterTracker:
         return result
 
 
-def _chat_body(endpoint: Endpoint, prompt: str, stream: bool = False) -> dict[str, Any]:
+def _chat_body(endpoint: Endpoint, prompt: str, stream: bool = False, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": endpoint.model_id,
         "messages": [{"role": "user", "content": prompt}],
-        "max_tokens": MAX_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
         "stream": stream,
     }
@@ -125,14 +142,15 @@ def completion(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[st
     }
 
 
-def stream_chat(client: httpx.Client, endpoint: Endpoint, prompt: str) -> dict[str, Any]:
+def stream_chat(client: httpx.Client, endpoint: Endpoint, prompt: str, max_tokens: int = MAX_TOKENS) -> dict[str, Any]:
     """One streaming chat completion (SSE): text, time to first token, tokens per second."""
     started = time.monotonic()
     first = last = None
     pieces: list[str] = []
     usage: dict[str, Any] = {}
     done = False
-    with client.stream("POST", "/v1/chat/completions", json=_chat_body(endpoint, prompt, stream=True)) as resp:
+    body = _chat_body(endpoint, prompt, stream=True, max_tokens=max_tokens)
+    with client.stream("POST", "/v1/chat/completions", json=body) as resp:
         _check(resp.status_code == 200, f"streaming chat: HTTP {resp.status_code}")
         _check(resp.headers["content-type"].startswith("text/event-stream"), "streaming chat: not SSE")
         for line in resp.iter_lines():

@@ -21,6 +21,9 @@ LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
 LOCAL_KV_BACKEND = "UCX"
 LOCAL_KV_BUFFER_DEVICE = "cpu"
+# Autoscaled configs keep their bounds and target; Serve acts on a burst after this long instead of
+# the deployed 30 s, so the rehearsal stays bounded in time.
+LOCAL_UPSCALE_DELAY_S = 2.0
 # Worker env that only makes sense on an EFA pod; VLLM_HOST_IP becomes loopback.
 _POD_ONLY_ENV = {"FI_PROVIDER"}
 
@@ -53,7 +56,11 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
         for side in ("prefill_config", "decode_config"):
             llm = app["args"][side]
             llm["model_loading_config"]["model_source"] = str(checkpoint)
-            llm["deployment_config"]["num_replicas"] = 1
+            scaling = llm["deployment_config"].get("autoscaling_config")
+            if scaling:
+                scaling["upscale_delay_s"] = LOCAL_UPSCALE_DELAY_S
+            else:
+                llm["deployment_config"]["num_replicas"] = 1
             # Replicas ask for CPU instead of GPUs; a phase's own Ray resource (per-phase
             # layout) stays, so the pinning to its worker group is rehearsed too.
             bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
@@ -96,7 +103,7 @@ def colocated_control(
     (app,) = rehearsed["applications"]
     llm = copy.deepcopy(app["args"]["decode_config"])
     llm["engine_kwargs"].pop("kv_transfer_config")
-    llm["deployment_config"]["num_replicas"] = replicas
+    llm["deployment_config"] = {"num_replicas": replicas}
     if placement is not None:
         llm["placement_group_config"] = copy.deepcopy(placement)
     return {

@@ -21,7 +21,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -211,6 +211,25 @@ def main(argv: list[str] | None = None) -> int:
     return rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report)
 
 
+def recorded(
+    report: dict[str, Any], report_file: Path, action: Callable[[], dict[str, Any]], label: str = "REHEARSAL"
+) -> int | None:
+    """``report.update(action())``, the report written whatever happens. None when it completed;
+    else the exit status (1 failed, with the error shown, 130 interrupted)."""
+    try:
+        report.update(action())
+    except KeyboardInterrupt:
+        log("interrupted: everything stopped")
+        return 130
+    except Exception as error:  # Ray's own rejection of a config is the message to show
+        log(f"{label} FAILED: {type(error).__name__}: {error}")
+        return 1
+    finally:
+        report_file.parent.mkdir(parents=True, exist_ok=True)
+        report_file.write_text(json.dumps(report, indent=2, default=str))
+    return None
+
+
 def rehearse_and_judge(
     report: dict[str, Any],
     env: dict[str, str],
@@ -223,18 +242,13 @@ def rehearse_and_judge(
 ) -> int:
     """rehearse_both on ``report["rehearsed"]``, the report written whatever happens, the
     verdict printed; the exit status (0 pass, 1 fail, 130 interrupted)."""
-    try:
-        report.update(rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control))
-    except KeyboardInterrupt:
-        log("interrupted: everything stopped")
-        return 130
-    except Exception as error:  # Ray's own rejection of a config is the message to show
-        log(f"REHEARSAL FAILED: {type(error).__name__}: {error}")
-        return 1
-    finally:
-        report_file.parent.mkdir(parents=True, exist_ok=True)
-        report_file.write_text(json.dumps(report, indent=2, default=str))
-
+    failed = recorded(
+        report,
+        report_file,
+        lambda: rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control),
+    )
+    if failed is not None:
+        return failed
     ok, lines = verdict.judge(report, strict=strict)
     for line in lines:
         log(line)

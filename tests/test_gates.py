@@ -28,17 +28,18 @@ ACCEPTED_WARNINGS = {
 
 
 @pytest.fixture(scope="module")
-def internal_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The app with the internal endpoint (controller, its policy, the NLB Service)."""
-    return synth_assembly(tmp_path_factory.mktemp("cdk.out"), endpoint_exposure="internal")
+def options_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The app with every option that adds AWS resources: the internal endpoint (controller, its
+    policy, the NLB Service) and autoscaling (Cluster Autoscaler, its policy, node group bounds)."""
+    return synth_assembly(tmp_path_factory.mktemp("cdk.out"), endpoint_exposure="internal", autoscaling=True)
 
 
-@pytest.fixture(params=["default", "internal"])
+@pytest.fixture(params=["default", "internal+autoscaling"])
 def gated(request: pytest.FixtureRequest, template_file: Path) -> Path:
-    """Each gate's clean run covers both exposures."""
+    """Each gate's clean run covers the default and every option at once."""
     if request.param == "default":
         return template_file
-    return Path(request.getfixturevalue("internal_template_file"))
+    return Path(request.getfixturevalue("options_template_file"))
 
 
 # --- cdk-nag ------------------------------------------------------------------------------

@@ -189,8 +189,12 @@ def test_chart_and_crd_are_the_same_kuberay_release() -> None:
 @needs_crd
 @pytest.mark.parametrize(
     "settings",
-    [{}, {"gpu_instance_type": "g6.12xlarge", "model_source": "x/dense", "decode_tensor_parallel_size": 2}],
-    ids=["default", "multi-gpu"],
+    [
+        {},
+        {"gpu_instance_type": "g6.12xlarge", "model_source": "x/dense", "decode_tensor_parallel_size": 2},
+        {"autoscaling": True, "gpu_layout": "per_phase", "prefill_min_replicas": 0},
+    ],
+    ids=["default", "multi-gpu", "autoscaling"],
 )
 def test_ray_service_matches_the_kuberay_crd(crd_schema: dict[str, Any], settings: dict[str, Any]) -> None:
     assert schema_errors(crd_schema, ray_service(**settings)) == []
@@ -206,6 +210,16 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "wrong type",
         lambda s: s["spec"]["rayClusterConfig"]["workerGroupSpecs"][0].update(replicas="two"),
         "'two' is not of type 'integer'",
+    ),
+    (
+        "autoscaler option misspelt",
+        lambda s: s["spec"]["rayClusterConfig"].update(autoscalerOptions={"idleTimeoutSecond": 60}),
+        "Additional properties are not allowed",
+    ),
+    (
+        "unknown upscaling mode",
+        lambda s: s["spec"]["rayClusterConfig"].update(autoscalerOptions={"upscalingMode": "Fast"}),
+        "'Fast' is not one of",
     ),
     (
         "missing required",

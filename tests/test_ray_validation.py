@@ -55,8 +55,9 @@ def test_the_ray_venv_runs_the_images_ray_version() -> None:
             "decode_gpu_node_count": 2,
             "decode_replicas": 2,
         },
+        {"autoscaling": True, "gpu_layout": "per_phase", "prefill_min_replicas": 0, "decode_max_replicas": 4},
     ],
-    ids=["default", "two-prefill-replicas", "per-phase"],
+    ids=["default", "two-prefill-replicas", "per-phase", "autoscaling"],
 )
 def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[str, Any]) -> None:
     result = run_ray_check(tmp_path, ray_service(**settings))
@@ -94,6 +95,20 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "bad replica count",
         lambda a: a["decode_config"]["deployment_config"].update(num_replicas=-1),
         "num_replicas",
+    ),
+    (
+        "fixed count beside autoscaling",
+        lambda a: a["decode_config"]["deployment_config"].update(
+            num_replicas=1, autoscaling_config={"min_replicas": 1, "max_replicas": 2}
+        ),
+        "Invalid deployment config",
+    ),
+    (
+        "autoscaling min above max",
+        lambda a: a["decode_config"]["deployment_config"].update(
+            num_replicas=None, autoscaling_config={"min_replicas": 3, "max_replicas": 2}
+        ),
+        "Invalid deployment config",
     ),
 ]
 

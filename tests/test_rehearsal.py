@@ -24,13 +24,15 @@ pytestmark = [
 ]
 
 
-def rehearse(tmp_path: Path, template: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+def rehearse(
+    tmp_path: Path, template: Path, *extra: str, module: str = "rehearsal.run", report: str = "report.json"
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [
-            str(PYTHON), "-m", "rehearsal.run",
+            str(PYTHON), "-m", module,
             "--template", str(template),
             "--checkpoint", str(tmp_path.parent / "tiny-checkpoint"),
-            "--report", str(tmp_path / "report.json"),
+            "--report", str(tmp_path / report),
             *extra,
         ],
         cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
@@ -82,3 +84,23 @@ def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, templ
     assert "REHEARSAL FAILED: ValidationError" in result.stdout
     assert "kv_transfer_config" in result.stdout and "Extra inputs are not permitted" in result.stdout
     assert leftovers() == []
+
+
+def test_a_burst_adds_a_decode_replica_and_its_kv_still_comes_over_nixl(tmp_path: Path) -> None:
+    """Autoscaling (decode min 1, max 2, target 1 request) on this CPU: Serve's own status shows the
+    second replica; the engines' counters show every request's KV pulled from prefill."""
+    from conftest import synth_assembly
+
+    template = synth_assembly(
+        tmp_path / "cdk.out", nag=False, autoscaling=True, prefill_max_replicas=1,
+        decode_max_replicas=2, decode_target_ongoing_requests=1,
+    )  # fmt: skip
+    result = rehearse(tmp_path, template, module="rehearsal.autoscale", report="autoscale.json")
+    print(result.stdout[-4000:])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local change, shown
+    report = json.loads((tmp_path / "autoscale.json").read_text())
+    assert report["replicas_before"] == {"RUNNING": 1} and report["replicas_after"] == {"RUNNING": 2}
+    requests = [r for b in report["bursts"] for r in b["requests"]]
+    assert report["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in requests)
+    assert leftovers() == [], "processes of the rehearsal outlived it"

@@ -105,3 +105,46 @@ def test_verdict_copies_nothing_it_did_not_judge() -> None:
     snapshot = copy.deepcopy(report)
     verdict.judge(report)
     assert report == snapshot
+
+
+def test_an_autoscaled_config_keeps_its_bounds_and_only_acts_sooner(tmp_path: Path) -> None:
+    from conftest import synth_assembly
+
+    template = synth_assembly(tmp_path, nag=False, autoscaling=True, decode_target_ongoing_requests=1)
+    deployed = profile.serve_config(profile.ray_service_from_template(template))
+    rehearsed = profile.local_profile(deployed, Path("/ckpt"))
+    before, after = leaves(deployed), leaves(rehearsed)
+    changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+    assert {k for k in changed if "deployment_config" in k} == {
+        f"{side}/deployment_config/autoscaling_config/upscale_delay_s" for side in ("prefill_config", "decode_config")
+    }
+    decode = rehearsed["applications"][0]["args"]["decode_config"]
+    assert "num_replicas" not in decode["deployment_config"]  # Ray refuses it beside autoscaling_config
+    assert decode["engine_kwargs"]["kv_transfer_config"]["kv_load_failure_policy"] == "recompute"
+    control = profile.colocated_control(rehearsed)["applications"][0]["args"]["llm_configs"][0]
+    assert control["deployment_config"] == {"num_replicas": 1}
+
+
+def _autoscale_report(added_replica_kv: float) -> dict[str, Any]:
+    stream = {"prompt_tokens": 45, "completion_tokens": 96}
+    return {
+        "replicas_before": {"RUNNING": 1},
+        "replicas_after": {"RUNNING": 2},
+        "bursts": [{"requests": [stream] * 6}, {"requests": [stream] * 6}],
+        "engine": {"external_kv_tokens": 12 * 44, "nixl_transfers": 12},
+        "replicas_with_kv_before_scale_up": ["old"],
+        "external_kv_by_replica": {"old": 264.0 - added_replica_kv, "new": added_replica_kv},
+    }
+
+
+def test_the_autoscaling_verdict_needs_kv_on_the_added_replica() -> None:
+    from rehearsal import autoscale
+
+    scaling = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1.0}
+    ok, lines = autoscale.judge(_autoscale_report(88.0), scaling)
+    assert ok and lines[-1] == "PASS: the added decode replica loaded KV over NIXL: new: 88 prompt tokens"
+    ok, lines = autoscale.judge(_autoscale_report(0.0), scaling)
+    assert not ok and lines[-1] == "FAIL: the added decode replica loaded KV over NIXL: none"
+    missing = _autoscale_report(88.0)
+    missing["engine"]["external_kv_tokens"] -= 1  # one prompt token recomputed instead of pulled
+    assert not autoscale.judge(missing, scaling)[0]

@@ -18,7 +18,8 @@ from .layout import GpuGroup
 class EfaGpuNodeGroup(Construct):
     """One GPU group's nodes in the GPU subnet, each with an EFA interface.
 
-    :param group: the group's instance type, node count, ids and labels (``layout.GpuGroup``).
+    :param group: the group's instance type, node count (or bounds), ids, labels and tags
+        (``layout.GpuGroup``).
     :param cluster: the EKS cluster the nodes join.
     :param vpc: the cluster's VPC (for the EFA security group).
     :param subnet: the one private subnet of the GPU AZ.
@@ -76,10 +77,13 @@ class EfaGpuNodeGroup(Construct):
             instance_types=[ec2.InstanceType(group.instance_type)],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             launch_template_spec=launch_template.latest(self.launch_template),
-            min_size=group.node_count,
+            # Autoscaled: the deploy starts the minimum; the Cluster Autoscaler moves the desired
+            # size, inside this subnet and placement group, which every later node inherits.
+            min_size=group.min_node_count,
             desired_size=group.node_count,
-            max_size=group.node_count,
+            max_size=group.max_node_count,
             labels=group.node_labels,
+            tags=group.node_template_tags or None,
             subnets=ec2.SubnetSelection(subnets=[subnet]),
         )
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

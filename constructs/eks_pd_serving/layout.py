@@ -21,6 +21,14 @@ SYSTEM_NODE_LABELS = {"role": "system"}
 GPU_NODE_LABELS = {"role": "gpu-worker"}
 # per_phase groups add this label with the phase as value.
 PHASE_LABEL = "phase"
+# The Cluster Autoscaler's GPU label on AWS: a node carrying it is not counted ready until its
+# GPUs are advertised, so the device plugin's start does not look like missing capacity.
+ACCELERATOR_LABEL = "k8s.amazonaws.com/accelerator"
+# Node group tags the Cluster Autoscaler reads (eks:DescribeNodegroup) for what a node of an empty
+# group would offer: without them it cannot know a zero-node group has EFA, and never scales it.
+NODE_TEMPLATE_RESOURCE_TAG = "k8s.io/cluster-autoscaler/node-template/resources/"
+GPU_RESOURCE = "nvidia.com/gpu"
+EFA_RESOURCE = "vpc.amazonaws.com/efa"
 
 
 @dataclass(frozen=True)
@@ -33,6 +41,9 @@ class GpuGroup:
     node_count: int
     type_setting: str  # the setting that chose the instance type, for error messages
     count_setting: str
+    # With autoscaling: the node group's bounds (node_count is then the minimum, what the
+    # deploy starts). None: fixed at node_count.
+    node_bounds: tuple[int, int] | None = None
 
     @property
     def instance(self) -> InstanceFacts:
@@ -43,9 +54,28 @@ class GpuGroup:
         return len(self.phases) > 1
 
     @property
+    def autoscaled(self) -> bool:
+        return self.node_bounds is not None
+
+    @property
+    def min_node_count(self) -> int:
+        return self.node_bounds[0] if self.node_bounds else self.node_count
+
+    @property
+    def max_node_count(self) -> int:
+        return self.node_bounds[1] if self.node_bounds else self.node_count
+
+    @property
+    def bound_settings(self) -> tuple[str, str]:
+        """The settings of the group's min and max node counts, for error messages."""
+        prefix = "gpu" if self.shared else f"{self.name}_gpu"
+        return f"{prefix}_min_node_count", f"{prefix}_max_node_count"
+
+    @property
     def need(self) -> GroupNeed:
-        """What the capacity check asks of this group."""
-        return GroupNeed(self.name, self.instance_type, self.node_count)
+        """What the capacity check asks of this group: its most nodes, so that scaling up later
+        does not fail on quota or on an AZ without the type."""
+        return GroupNeed(self.name, self.instance_type, self.max_node_count)
 
     @property
     def _prefix(self) -> str:
@@ -64,7 +94,23 @@ class GpuGroup:
 
     @property
     def node_labels(self) -> dict[str, str]:
-        return dict(GPU_NODE_LABELS) if self.shared else {**GPU_NODE_LABELS, PHASE_LABEL: self.name}
+        labels = dict(GPU_NODE_LABELS) if self.shared else {**GPU_NODE_LABELS, PHASE_LABEL: self.name}
+        if self.autoscaled:
+            labels[ACCELERATOR_LABEL] = f"nvidia-{self.instance.gpu_name.lower()}"
+        return labels
+
+    @property
+    def node_template_tags(self) -> dict[str, str]:
+        """The extended resources one node offers, as Cluster Autoscaler node-template tags."""
+        if not self.autoscaled:
+            return {}
+        offered = {GPU_RESOURCE: self.instance.gpus, EFA_RESOURCE: self.instance.efa_interfaces}
+        return {f"{NODE_TEMPLATE_RESOURCE_TAG}{name}": str(amount) for name, amount in offered.items()}
+
+    @property
+    def worker_node_selector(self) -> dict[str, str]:
+        """The labels the Ray worker pods select: the group's own, not the autoscaler's."""
+        return {k: v for k, v in self.node_labels.items() if k != ACCELERATOR_LABEL}
 
     @property
     def worker_group_name(self) -> str:
@@ -81,11 +127,15 @@ def gpu_groups(
     *,
     gpu: tuple[str, int],
     per_phase: Mapping[str, tuple[str | None, int | None]],
+    node_bounds: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[GpuGroup]:
     """The groups of a layout: ``gpu`` is the shared (type, count), ``per_phase`` each phase's
-    own (type or None for the shared type, count or None for one node)."""
+    own (type or None for the shared type, count or None for one node); ``node_bounds`` maps a
+    group name ("gpu", "prefill", "decode") to its (min, max) nodes when it autoscales."""
+    bounds = node_bounds or {}
     if gpu_layout == "shared":
-        return [GpuGroup("gpu", PHASES, gpu[0], gpu[1], "gpu_instance_type", "gpu_node_count")]
+        count = bounds["gpu"][0] if "gpu" in bounds else gpu[1]
+        return [GpuGroup("gpu", PHASES, gpu[0], count, "gpu_instance_type", "gpu_node_count", bounds.get("gpu"))]
     groups = []
     for phase in PHASES:
         instance_type, node_count = per_phase[phase]
@@ -94,9 +144,10 @@ def gpu_groups(
                 phase,
                 (phase,),
                 instance_type or gpu[0],
-                node_count or 1,
+                bounds[phase][0] if phase in bounds else node_count or 1,
                 f"{phase}_gpu_instance_type" if instance_type else "gpu_instance_type",
                 f"{phase}_gpu_node_count",
+                bounds.get(phase),
             )
         )
     return groups

@@ -19,13 +19,13 @@ from constructs import Construct
 from . import versions
 from ._private import checkov, nag
 from ._private.helm import helm_chart
+from ._private.pod_identity import pod_identity_role
 from .layout import SYSTEM_NODE_LABELS
 
 RELEASE = "aws-load-balancer-controller"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "aws-load-balancer-controller"
 VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION
-POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 
 
 def published_policy() -> dict[str, Any]:
@@ -43,7 +43,6 @@ class AwsLoadBalancerController(Construct):
     def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster, vpc: ec2.IVpc, region: str) -> None:
         super().__init__(scope, id)
         document = published_policy()
-        pod_identity = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
         # The L1 resource: the document goes in exactly as published (the L2 would rewrite and
         # merge its statements).
         self.policy = iam.CfnManagedPolicy(
@@ -53,15 +52,13 @@ class AwsLoadBalancerController(Construct):
             policy_document=document,
         )
         # EKS Pod Identity: the agent add-on exchanges the service account's token for this role.
-        self.role = iam.Role(
+        self.role, self.association = pod_identity_role(
             self,
-            "Role",
-            assumed_by=pod_identity,
+            cluster=cluster,
+            namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT,
+            policy=self.policy,
             description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
-            managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(self, "PolicyArn", self.policy.ref)],
-        )
-        self.role.assume_role_policy.add_statements(  # type: ignore[union-attr]
-            iam.PolicyStatement(actions=["sts:TagSession"], principals=[pod_identity])
         )
         source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"
         nag.acknowledge(self.policy, nag.published_policy_wildcards(document, source))
@@ -69,14 +66,6 @@ class AwsLoadBalancerController(Construct):
             self.policy,
             checkov.IAM_WRITE_WITHOUT_CONSTRAINTS,
             f"{source}: its writes on load balancers, target groups and security groups are tag-conditioned",
-        )
-        self.association = eks.CfnPodIdentityAssociation(
-            self,
-            "PodIdentity",
-            cluster_name=cluster.cluster_name,
-            namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT,
-            role_arn=self.role.role_arn,
         )
         self.chart = helm_chart(
             self,

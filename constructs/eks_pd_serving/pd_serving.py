@@ -13,6 +13,7 @@ from constructs import Construct
 from . import versions
 from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster, EksClusterProps
+from .cluster_autoscaler import ClusterAutoscaler
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
 from .gpu_node_group import EfaGpuNodeGroup
@@ -95,12 +96,30 @@ class PdServing(Construct):
         for nodegroup in gpu_nodegroups:
             self.device_plugins.node.add_dependency(nodegroup)
 
+        # Autoscaling: the Cluster Autoscaler runs before the Ray cluster asks for nodes, and is
+        # removed only after it (a group at zero nodes needs it for the first worker pod).
+        self.cluster_autoscaler: ClusterAutoscaler | None = None
+        if config.autoscaling:
+            self.cluster_autoscaler = ClusterAutoscaler(
+                self,
+                "ClusterAutoscaler",
+                cluster=cluster,
+                kubernetes_version=config.kubernetes_version,
+                region=config.region or Aws.REGION,
+            )
+            self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
             props=ray_service_props(config, config.image or versions.ray_image_uri(config.region or Aws.REGION)),
             cluster=cluster,
-            depends_on=[self.kuberay, self.device_plugins, self.eks.system_nodes, *gpu_nodegroups],
+            depends_on=[
+                self.kuberay,
+                self.device_plugins,
+                self.eks.system_nodes,
+                *gpu_nodegroups,
+                *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
+            ],
         )
         self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.

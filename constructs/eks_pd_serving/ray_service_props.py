@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from .catalog import InstanceFacts
 from .config import DeploymentConfig
-from .k8s import EngineSpec, KvTransferSpec, ModelSpec, PodResources, RayServiceProps, WorkerGroupSpec
+from .k8s import (
+    EngineSpec,
+    KvTransferSpec,
+    ModelSpec,
+    PodResources,
+    RayAutoscalerSpec,
+    RayServiceProps,
+    ReplicaAutoscaling,
+    WorkerGroupSpec,
+)
 from .layout import SYSTEM_NODE_LABELS, GpuGroup
 from .versions import RAY_VERSION
 
@@ -36,17 +45,22 @@ def worker_group(group: GpuGroup) -> WorkerGroupSpec:
         name=group.worker_group_name,
         replicas=group.node_count,
         resources=worker_resources(group.instance),
-        node_selector=group.node_labels,
+        node_selector=group.worker_node_selector,
         ray_resources={resource: str(group.instance.gpus)} if resource else {},
+        replica_bounds=group.node_bounds,
     )
 
 
 def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
+    low, high = config.replica_bounds(phase)
     return EngineSpec(
         replicas=getattr(config, f"{phase}_replicas"),
         tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
         enforce_eager=getattr(config, f"{phase}_enforce_eager"),
         placement_resource=config.gpu_group(phase).placement_resource,
+        autoscaling=ReplicaAutoscaling(low, high, config.target_ongoing_requests(phase))
+        if config.autoscaling
+        else None,
     )
 
 
@@ -67,10 +81,16 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),
-        kv=KvTransferSpec(backend=config.kv_backend, buffer_device=config.kv_buffer_device),
+        kv=KvTransferSpec(
+            backend=config.kv_backend,
+            buffer_device=config.kv_buffer_device,
+            # A prefill replica scaled down while decode still pulls its KV: decode recomputes.
+            load_failure_policy="recompute" if config.autoscaling else None,
+        ),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
         system_node_selector=dict(SYSTEM_NODE_LABELS),
         upgrade_strategy=config.ray_upgrade_strategy,
+        autoscaler=RayAutoscalerSpec() if config.autoscaling else None,
     )

@@ -88,6 +88,21 @@ AWS_LOAD_BALANCER_CONTROLLER_VERSION: Final = "3.5.0"
 AWS_LOAD_BALANCER_CONTROLLER_POLICY: Final = (
     f"policies/aws-load-balancer-controller-v{AWS_LOAD_BALANCER_CONTROLLER_VERSION}.json"
 )
+# Cluster Autoscaler (autoscaling=true): its minor must match the cluster's Kubernetes minor. The
+# chart (kubernetes/autoscaler tag cluster-autoscaler-chart-9.59.0, appVersion 1.35.0) runs any of
+# them; the image is the newest patch of each minor (tags cluster-autoscaler-1.3x.y, 2026-07-22).
+# policies/ holds the "Full Cluster Autoscaler Features Policy" of cloudprovider/aws/README.md
+# at tag cluster-autoscaler-1.35.2 (commit 2d42588803c7), unchanged.
+CLUSTER_AUTOSCALER_CHART_VERSION: Final = "9.59.0"
+CLUSTER_AUTOSCALER_REPOSITORY: Final = "https://kubernetes.github.io/autoscaler"
+CLUSTER_AUTOSCALER_IMAGE_TAGS: Final = {
+    "1.32": "v1.32.7",
+    "1.33": "v1.33.6",
+    "1.34": "v1.34.5",
+    "1.35": "v1.35.2",
+    "1.36": "v1.36.1",
+}
+CLUSTER_AUTOSCALER_POLICY: Final = "policies/cluster-autoscaler-v1.35.2.json"
 # cdk8s-plus is published per Kubernetes minor (cdk8s-plus-35 for 1.35); requirements.txt pins it.
 CDK8S_PLUS_PACKAGE: Final = "cdk8s-plus-" + DEFAULT_KUBERNETES_VERSION.split(".")[1]
 
@@ -132,4 +147,7 @@ EFA_DEVICE_PLUGIN_CHART: Final = ChartPin(
 )
 AWS_LOAD_BALANCER_CONTROLLER_CHART: Final = ChartPin(
     "aws-load-balancer-controller", EKS_CHARTS_REPOSITORY, AWS_LOAD_BALANCER_CONTROLLER_VERSION
+)
+CLUSTER_AUTOSCALER_CHART: Final = ChartPin(
+    "cluster-autoscaler", CLUSTER_AUTOSCALER_REPOSITORY, CLUSTER_AUTOSCALER_CHART_VERSION
 )

@@ -36,13 +36,18 @@ MNG_DEFAULT_DISK_GIB = 20
 @dataclass(frozen=True)
 class Line:
     item: str
-    quantity: float
+    quantity: float  # at the minimum (autoscaled node groups), else the fixed count
     unit_price: float  # per hour
     note: str = ""
+    max_quantity: float | None = None  # autoscaled node groups: at their maximum
 
     @property
     def hourly(self) -> float:
         return self.quantity * self.unit_price
+
+    @property
+    def hourly_at_max(self) -> float:
+        return (self.quantity if self.max_quantity is None else self.max_quantity) * self.unit_price
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -69,11 +74,23 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
     lines.append(Line("NAT gateway", nats, prices["nat_hour"], "plus $0.045/GB processed (not included)"))
     for group in (r["Properties"] for r in resources if r["Type"] == "AWS::EKS::Nodegroup"):
         (instance,) = group["InstanceTypes"]
-        count = group["ScalingConfig"]["DesiredSize"]
+        scaling = group["ScalingConfig"]
+        low, high = scaling["MinSize"], scaling["MaxSize"]
+        bounded = None if low == high else high
         note = "" if instance in prices else "no price in table"
-        lines.append(Line(f"{instance} nodes", count, prices.get(instance, 0.0), note))
+        if bounded is not None:
+            note = f"autoscaled {low} to {high}" + (f"; {note}" if note else "")
+        lines.append(Line(f"{instance} nodes", low, prices.get(instance, 0.0), note, bounded))
         disk = _disk_gib(template, group)
-        lines.append(Line(f"gp3 root volumes ({disk} GiB each)", count * disk, prices["gp3_gb_month"] / HOURS_30_DAYS))
+        gp3 = prices["gp3_gb_month"] / HOURS_30_DAYS
+        lines.append(
+            Line(
+                f"gp3 root volumes ({disk} GiB each)",
+                low * disk,
+                gp3,
+                max_quantity=None if bounded is None else high * disk,
+            )
+        )
     keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
     return lines, label
@@ -92,12 +109,28 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"error: {args.template} not found. Fix: run make synth first")
         return 2
     lines, label = estimate(json.loads(args.template.read_text()), args.region, args.on)
-    rows = [
-        [ln.item, f"{ln.quantity:g}", f"${ln.hourly:,.4f}", f"${ln.hourly * HOURS_30_DAYS:,.2f}", ln.note]
-        for ln in lines
-    ]
     hourly = sum(ln.hourly for ln in lines)
-    rows.append(["total (estimate)", "", f"${hourly:,.2f}", f"${hourly * HOURS_30_DAYS:,.2f}", ""])
-    console.print(table("Cost estimate", ["item", "qty", "per hour", "30 days", "note"], rows))
+    if all(ln.max_quantity is None for ln in lines):
+        rows = [
+            [ln.item, f"{ln.quantity:g}", f"${ln.hourly:,.4f}", f"${ln.hourly * HOURS_30_DAYS:,.2f}", ln.note]
+            for ln in lines
+        ]
+        rows.append(["total (estimate)", "", f"${hourly:,.2f}", f"${hourly * HOURS_30_DAYS:,.2f}", ""])
+        console.print(table("Cost estimate", ["item", "qty", "per hour", "30 days", "note"], rows))
+    else:
+        rows = [
+            [
+                ln.item,
+                f"{ln.quantity:g}" if ln.max_quantity is None else f"{ln.quantity:g} to {ln.max_quantity:g}",
+                f"${ln.hourly * HOURS_30_DAYS:,.2f}",
+                f"${ln.hourly_at_max * HOURS_30_DAYS:,.2f}",
+                ln.note,
+            ]
+            for ln in lines
+        ]
+        at_max = sum(ln.hourly_at_max for ln in lines)
+        rows.append(["total (estimate)", "", f"${hourly * HOURS_30_DAYS:,.2f}", f"${at_max * HOURS_30_DAYS:,.2f}", ""])
+        columns = ["item", "qty", "30 days at min", "30 days at max", "note"]
+        console.print(table("Cost estimate (autoscaling: every group at its min, at its max)", columns, rows))
     console.print(label)
     return 0

@@ -2,7 +2,8 @@
 
 Per GPU, for each phase: weights, KV bytes per token (full-attention layers only), linear-
 attention state per sequence, KV capacity, concurrent sequences at max_model_len, and the time
-to move one max_model_len prompt's KV over EFA vs one TCP flow. `cdk synth` prints the same and
+to move one max_model_len prompt's KV over EFA vs one TCP flow; then the phase's replicas (min to max
+with autoscaling) and what they hold together. `cdk synth` prints the same and
 rejects a deployment that does not fit. --config-json sizes a model from its own config.json.
 """
 
@@ -65,6 +66,13 @@ def run(args: argparse.Namespace) -> int:
         )
         for line in sizing.summary():
             console.print(f"  {line}")
+        low, high = config.replica_bounds(phase)
+        console.print(
+            f"  replicas {low} to {high}"
+            + (" (autoscaling)" if config.autoscaling else " (fixed)")
+            + f": {sizing.concurrency * low:.2f} to {sizing.concurrency * high:.2f} sequences of "
+            f"{sizing.max_model_len} tokens in all"
+        )
         for problem in sizing.problems():
             ok = False
             console.print(f"  [red]does not fit:[/red] {problem}")

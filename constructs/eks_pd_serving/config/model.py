@@ -26,6 +26,14 @@ from .errors import ConfigError
 from .fields import FieldRules
 from .settings import Settings
 
+# Autoscaling defaults (settings.py documents them): one replica of each phase always warm, a
+# second when load asks for it.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 2
+# Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
+# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
+DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
+
 # Our context keys are snake_case; CDK's own (feature flags, aws:cdk:*) never are.
 _OUR_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -59,8 +67,24 @@ class DeploymentConfig(Settings, FieldRules):
             multimodal=self.multimodal,
         )
 
-    def gpus_for(self, phase: str) -> int:
-        return int(getattr(self, f"{phase}_replicas")) * int(getattr(self, f"{phase}_tensor_parallel_size"))
+    def replica_bounds(self, phase: str) -> tuple[int, int]:
+        """(fewest, most) replicas of ``phase``: the min/max settings with autoscaling (defaults
+        1 and 2), else the fixed count twice."""
+        if not self.autoscaling:
+            fixed = int(getattr(self, f"{phase}_replicas"))
+            return fixed, fixed
+        low = getattr(self, f"{phase}_min_replicas")
+        high = getattr(self, f"{phase}_max_replicas")
+        return (DEFAULT_MIN_REPLICAS if low is None else low), (DEFAULT_MAX_REPLICAS if high is None else high)
+
+    def target_ongoing_requests(self, phase: str) -> float:
+        chosen = getattr(self, f"{phase}_target_ongoing_requests")
+        return float(DEFAULT_TARGET_ONGOING_REQUESTS[phase] if chosen is None else chosen)
+
+    def gpus_for(self, phase: str, bound: int = 0) -> int:
+        """GPUs ``phase`` takes at its fewest (``bound=0``) or most (``bound=1``) replicas; the
+        same without autoscaling."""
+        return self.replica_bounds(phase)[bound] * int(getattr(self, f"{phase}_tensor_parallel_size"))
 
     @property
     def gpus_wanted(self) -> int:
@@ -76,7 +100,24 @@ class DeploymentConfig(Settings, FieldRules):
                 phase: (getattr(self, f"{phase}_gpu_instance_type"), getattr(self, f"{phase}_gpu_node_count"))
                 for phase in layout.PHASES
             },
+            node_bounds=self._node_bounds() if self.autoscaling else None,
         )
+
+    def _node_bounds(self) -> dict[str, tuple[int, int]]:
+        """Each group's (min, max) nodes: the settings, or what the phases' replicas need."""
+        fixed = layout.gpu_groups(
+            self.gpu_layout,
+            gpu=(self.gpu_instance_type, self.gpu_node_count),
+            per_phase={phase: (getattr(self, f"{phase}_gpu_instance_type"), None) for phase in layout.PHASES},
+        )
+        bounds = {}
+        for group in fixed:
+            per_node = group.instance.gpus
+            needed = [-(-sum(self.gpus_for(p, bound) for p in group.phases) // per_node) for bound in (0, 1)]
+            low_setting, high_setting = group.bound_settings
+            low, high = getattr(self, low_setting), getattr(self, high_setting)
+            bounds[group.name] = (needed[0] if low is None else low, max(needed[1], 1) if high is None else high)
+        return bounds
 
     def gpu_group(self, phase: str) -> GpuGroup:
         return next(group for group in self.gpu_groups if phase in group.phases)

@@ -61,8 +61,90 @@ def check_all(config: DeploymentConfig) -> None:
             "shipped here is the release's commercial-partition one (arn:aws:...). Fix: use "
             "endpoint_exposure=port-forward in this partition"
         )
+    _check_autoscaling(config)
     _check_gpus(config)
     _check_model(config)
+
+
+AUTOSCALING_KEYS = ("prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas", "decode_max_replicas",
+                    "prefill_target_ongoing_requests", "decode_target_ongoing_requests", "gpu_min_node_count",
+                    "gpu_max_node_count", "prefill_gpu_min_node_count", "prefill_gpu_max_node_count",
+                    "decode_gpu_min_node_count", "decode_gpu_max_node_count")  # fmt: skip
+# Fixed counts that autoscaling replaces, each with the settings that take its place.
+_FIXED_COUNTS = {
+    "prefill_replicas": "prefill_min_replicas and prefill_max_replicas",
+    "decode_replicas": "decode_min_replicas and decode_max_replicas",
+    "gpu_node_count": "gpu_min_node_count and gpu_max_node_count",
+    "prefill_gpu_node_count": "prefill_gpu_min_node_count and prefill_gpu_max_node_count",
+    "decode_gpu_node_count": "decode_gpu_min_node_count and decode_gpu_max_node_count",
+}
+
+
+def _shown(config: DeploymentConfig, key: str, value: object) -> str:
+    """'key=value', marked as the default when the setting was not given."""
+    return f"{key}={value}" + ("" if getattr(config, key) is not None else " (default)")
+
+
+def _check_autoscaling(config: DeploymentConfig) -> None:
+    if not config.autoscaling:
+        for key in AUTOSCALING_KEYS:
+            if getattr(config, key) is not None:
+                raise ValueError(
+                    f"{key}={getattr(config, key)!r} is only used with autoscaling=true. "
+                    f"Fix: set autoscaling=true, or remove {key}"
+                )
+        return
+    for key, replacement in _FIXED_COUNTS.items():
+        if key in config.model_fields_set:
+            raise ValueError(
+                f"{key}={getattr(config, key)!r} is a fixed count, but autoscaling=true moves it between "
+                f"{replacement}. Fix: remove {key} and set those"
+            )
+    other_layout = "prefill_gpu_" if config.gpu_layout == "shared" else "gpu_"
+    for key in AUTOSCALING_KEYS:
+        if key.startswith(other_layout) and "node_count" in key and getattr(config, key) is not None:
+            raise ValueError(
+                f"{key}={getattr(config, key)!r} does not apply to gpu_layout={config.gpu_layout!r}. "
+                f"Fix: remove {key}" + (", or set gpu_layout=per_phase" if config.gpu_layout == "shared" else "")
+            )
+    if config.gpu_layout == "shared":
+        for key in ("decode_gpu_min_node_count", "decode_gpu_max_node_count"):
+            if getattr(config, key) is not None:
+                raise ValueError(
+                    f"{key}={getattr(config, key)!r} does not apply to gpu_layout='shared'. "
+                    f"Fix: remove {key}, or set gpu_layout=per_phase"
+                )
+    for phase in PHASES:
+        low, high = config.replica_bounds(phase)
+        if low > high:
+            raise ValueError(
+                f"{_shown(config, f'{phase}_min_replicas', low)} exceeds "
+                f"{_shown(config, f'{phase}_max_replicas', high)}. Fix: set {phase}_min_replicas at most "
+                f"{phase}_max_replicas"
+            )
+    for group in config.gpu_groups:
+        low_key, high_key = group.bound_settings
+        low, high = group.min_node_count, group.max_node_count
+        if low > high:
+            raise ValueError(
+                f"{_shown(config, low_key, low)} exceeds {_shown(config, high_key, high)}. "
+                f"Fix: set {low_key} at most {high_key}"
+            )
+        per_node = group.instance.gpus
+        for bound, (key, nodes, word) in enumerate(((low_key, low, "fewest"), (high_key, high, "most"))):
+            wanted = sum(config.gpus_for(p, bound) for p in group.phases)
+            if wanted > nodes * per_node:
+                end = "min" if bound == 0 else "max"
+                asked = " + ".join(
+                    f"{_shown(config, f'{p}_{end}_replicas', config.replica_bounds(p)[bound])} x "
+                    f"{p}_tensor_parallel_size={getattr(config, f'{p}_tensor_parallel_size')}"
+                    for p in group.phases
+                )
+                raise ValueError(
+                    f"{asked} needs {wanted} GPUs at the {word} replicas, but {_shown(config, key, nodes)} x "
+                    f"{group.instance_type} has {nodes * per_node}. Fix: raise {key} to "
+                    f"{-(-wanted // per_node)} or lower {' and '.join(f'{p}_{end}_replicas' for p in group.phases)}"
+                )
 
 
 def _check_gpus(config: DeploymentConfig) -> None:
@@ -86,6 +168,8 @@ def _check_gpus(config: DeploymentConfig) -> None:
                 f"it to {per_node} or choose an instance type with more GPUs"
             )
     for group in config.gpu_groups:
+        if group.autoscaled:  # judged against its bounds in _check_autoscaling
+            continue
         per_node = group.instance.gpus
         wanted = sum(config.gpus_for(phase) for phase in group.phases)
         have = per_node * group.node_count

@@ -154,6 +154,109 @@ class Settings(BaseModel):
         json_schema_extra=_hint("a whole number from 1 to 16"),
     )
 
+    # --- autoscaling (all off by default: the counts above stay fixed) ----------------------
+    autoscaling: bool = Field(
+        False,
+        description=(
+            "Scale each phase with load: Serve replicas between the min/max below, Ray worker pods with "
+            "them (KubeRay autoscaler), GPU nodes with the pods (Cluster Autoscaler). Default: false "
+            "(fixed counts)."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
+    prefill_min_replicas: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="autoscaling only: fewest prefill replicas; 0 lets prefill scale to zero. Default: 1.",
+        json_schema_extra=_hint("a whole number from 0 to 64"),
+    )
+    prefill_max_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="autoscaling only: most prefill replicas. Default: 2.",
+        json_schema_extra=_hint("a whole number from 1 to 64"),
+    )
+    decode_min_replicas: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="autoscaling only: fewest decode replicas; 0 lets decode scale to zero. Default: 1.",
+        json_schema_extra=_hint("a whole number from 0 to 64"),
+    )
+    decode_max_replicas: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="autoscaling only: most decode replicas. Default: 2.",
+        json_schema_extra=_hint("a whole number from 1 to 64"),
+    )
+    prefill_target_ongoing_requests: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "autoscaling only: requests in flight per prefill replica that Serve scales towards (a "
+            "prefill request lasts one forward pass of the prompt). Default: 4."
+        ),
+        json_schema_extra=_hint("a number above 0, such as 4"),
+    )
+    decode_target_ongoing_requests: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "autoscaling only: streams in flight per decode replica that Serve scales towards; keep it "
+            "below the sizing's concurrency (11.7 full-length sequences for the default). Default: 8."
+        ),
+        json_schema_extra=_hint("a number above 0, such as 8"),
+    )
+    gpu_min_node_count: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description=(
+            "autoscaling, shared layout: fewest GPU nodes. Default: the nodes the phases' minimum replicas need."
+        ),
+        json_schema_extra=_hint("a whole number from 0 to 64"),
+    )
+    gpu_max_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=(
+            "autoscaling, shared layout: most GPU nodes. Default: the nodes the phases' maximum replicas need."
+        ),
+        json_schema_extra=_hint("a whole number from 1 to 64"),
+    )
+    prefill_gpu_min_node_count: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="autoscaling, per_phase layout: fewest prefill nodes. Default: what prefill_min_replicas need.",
+        json_schema_extra=_hint("a whole number from 0 to 64"),
+    )
+    prefill_gpu_max_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="autoscaling, per_phase layout: most prefill nodes. Default: what prefill_max_replicas need.",
+        json_schema_extra=_hint("a whole number from 1 to 64"),
+    )
+    decode_gpu_min_node_count: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="autoscaling, per_phase layout: fewest decode nodes. Default: what decode_min_replicas need.",
+        json_schema_extra=_hint("a whole number from 0 to 64"),
+    )
+    decode_gpu_max_node_count: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description="autoscaling, per_phase layout: most decode nodes. Default: what decode_max_replicas need.",
+        json_schema_extra=_hint("a whole number from 1 to 64"),
+    )
+
     # --- serving -------------------------------------------------------------------------
     namespace: str = Field(
         "inference",

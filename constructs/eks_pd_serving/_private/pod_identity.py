@@ -1,0 +1,44 @@
+"""EKS Pod Identity for one service account: a role the agent add-on may assume for it, with one
+customer managed policy, and the association. Children keep the ids Role, PolicyArn, PodIdentity."""
+
+from __future__ import annotations
+
+from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
+from constructs import Construct
+
+POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
+
+
+def pod_identity_role(
+    scope: Construct,
+    *,
+    cluster: eks.Cluster,
+    namespace: str,
+    service_account: str,
+    policy: iam.CfnManagedPolicy,
+    description: str,
+) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
+    """The role (trusted by the Pod Identity service with AssumeRole and TagSession) and the
+    association of ``namespace``/``service_account`` with it; pods get credentials only if the
+    association exists when they start, so charts depend on it."""
+    principal = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
+    role = iam.Role(
+        scope,
+        "Role",
+        assumed_by=principal,
+        description=description,
+        managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(scope, "PolicyArn", policy.ref)],
+    )
+    role.assume_role_policy.add_statements(  # type: ignore[union-attr]
+        iam.PolicyStatement(actions=["sts:TagSession"], principals=[principal])
+    )
+    association = eks.CfnPodIdentityAssociation(
+        scope,
+        "PodIdentity",
+        cluster_name=cluster.cluster_name,
+        namespace=namespace,
+        service_account=service_account,
+        role_arn=role.role_arn,
+    )
+    return role, association
