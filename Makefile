@@ -100,6 +100,7 @@ TEST_ENV := EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python EKS_PD_CHECKOV=$
 # What needs the rehearsal's virtualenv (vLLM CPU, several GB, the slowest to install).
 REHEARSAL_TESTS := tests/test_rehearsal.py \
 	tests/test_gpu_rehearsal.py::test_without_a_gpu_the_gpu_rehearsal_says_so_and_exits_2
+REHEARSAL_ENV := $(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python
 
 # The environments are independent: installing them side by side shortens a fresh machine's wait
 # (most of it is downloading and unpacking wheels).
@@ -111,11 +112,12 @@ deps:
 test:
 	$(MAKE) --no-print-directory -j4 $(CORE_DEPS)
 	$(MAKE) --no-print-directory -j2 $(VENV_REHEARSE)/.deps test-core
-	$(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python \
-		$(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
+	$(REHEARSAL_ENV) $(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
 
+# Two workers, one test file each at a time: most tests wait on jsii's node process or a
+# subprocess, so one core would otherwise sit idle once the rehearsal's virtualenv is installed.
 test-core: lint
-	$(TEST_ENV) $(PY) -m pytest --durations=10 --ignore=tests/test_rehearsal.py
+	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadfile --durations=10 --ignore=tests/test_rehearsal.py
 
 clean:
 	rm -rf cdk.out .rehearsal .pytest_cache .mypy_cache .ruff_cache

@@ -1,38 +1,33 @@
-"""Autoscaling rehearsed on this CPU: the synthesized autoscaled serve application, bursts of
-concurrent streams until Serve adds a decode replica, and every request's KV still loaded from
-prefill over NIXL, the added replica's included.
+"""The scale-up part of the CPU rehearsal, run when the rehearsed template autoscales decode up to
+two replicas or more (``rehearsal.run`` calls it while the PD application is deployed).
 
-    .venv-rehearse/bin/python -m rehearsal.autoscale --template <template synthesized with -c autoscaling=true>
-
-The template's Serve autoscaling config is kept (bounds, target); the one local change is a
-2-second upscale delay (deployed: 30 s), printed in the diff. Replica counts are Serve's own
-(``serve.status()``); KV counters are the engines' own, from Ray's metrics endpoint. Bounded by
---timeout-s; everything it started is stopped on success, failure and Ctrl-C. Exit 0 only on PASS.
+Bursts of concurrent streams until Serve adds a decode replica, no load until it runs (on two
+cores load would only slow its start), then one more burst: Serve's own status gives the replica
+counts; the engines' counters (by Ray's ``ReplicaId`` label) show every request's KV loaded from
+prefill over NIXL, the added replica's included. The template's autoscaling config is kept; the
+local profile only shortens ``upscale_delay_s`` (printed in the diff).
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from . import profile, tiny_checkpoint
 from .probes import Endpoint, ProbeFailed, external_kv_by_replica, settled_counters, stream_chat
-from .run import LOCAL_ENV, deploy, free_port, local_ray, log, recorded
 
 BURST = 6
 MAX_TOKENS = 96
 PROMPTS = [f"Request {i}: describe how decode pulls the prompt's KV blocks from prefill" for i in range(BURST)]
 
 
-def decode_deployment(serve_config: dict[str, Any]) -> dict[str, Any]:
+def decode_scaling(serve_config: dict[str, Any]) -> dict[str, Any] | None:
+    """The decode deployment's autoscaling config when it can reach two replicas, else None."""
     (app,) = serve_config["applications"]
-    return dict(app["args"]["decode_config"]["deployment_config"])
+    scaling = app["args"]["decode_config"]["deployment_config"].get("autoscaling_config")
+    return dict(scaling) if scaling and scaling["max_replicas"] >= 2 else None
 
 
 def decode_replicas() -> dict[str, int]:
@@ -47,7 +42,7 @@ def decode_replicas() -> dict[str, int]:
 
 
 def running(states: dict[str, int]) -> int:
-    return states.get("RUNNING", 0) + states.get("ReplicaState.RUNNING", 0)
+    return states.get("RUNNING", 0)
 
 
 def burst(endpoint: Endpoint) -> list[dict[str, Any]]:
@@ -56,13 +51,11 @@ def burst(endpoint: Endpoint) -> list[dict[str, Any]]:
         return list(pool.map(lambda prompt: stream_chat(client, endpoint, prompt, MAX_TOKENS), PROMPTS))
 
 
-def rehearse(rehearsed: dict[str, Any], env: dict[str, str], model_id: str, timeout_s: float) -> dict[str, Any]:
-    """Bursts until Serve decides on a second decode replica; then no load until it runs (on two
-    cores, load would only slow its start); then one burst served by both."""
+def scale_up(endpoint: Endpoint, timeout_s: float, log: Any = print) -> dict[str, Any]:
+    """Against the deployed PD application: bursts until a second decode replica runs, then one
+    burst served with it. Raises ProbeFailed after ``timeout_s``."""
     started = time.monotonic()
-    http_port, metrics_port = free_port(), free_port()
-    endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
-    report: dict[str, Any] = {"timeline": [], "bursts": []}
+    report: dict[str, Any] = {"timeline": [], "bursts": [], "replicas_before": decode_replicas()}
 
     def observe() -> dict[str, int]:
         states = decode_replicas()
@@ -81,25 +74,21 @@ def rehearse(rehearsed: dict[str, Any], env: dict[str, str], model_id: str, time
         report["bursts"].append({"phase": label, "sent_s": round(sent, 1), "requests": future.result()})
         log(f"== {label} burst {len(report['bursts'])}: {BURST} streams done; decode replicas {observe()}")
 
-    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
-        report["ready_s"] = deploy(rehearsed, http_port, timeout_s)
-        report["replicas_before"] = decode_replicas()
-        log(f"== healthy after {report['ready_s']:.1f} s; decode replicas {report['replicas_before']}")
-        before = settled_counters(endpoint.metrics_url)
-        while sum(observe().values()) < 2:
-            send("load")
-        report["decided_s"] = report["timeline"][-1][0]
-        log(f"== Serve added a decode replica at {report['decided_s']:.1f} s: {decode_replicas()}")
-        while running(observe()) < 2:
-            time.sleep(1.0)
-        report["scaled_up_s"] = report["timeline"][-1][0]
-        log(f"== two decode replicas running at {report['scaled_up_s']:.1f} s")
-        by_replica_before = external_kv_by_replica(endpoint.metrics_url)
-        report["replicas_with_kv_before_scale_up"] = sorted(k for k, v in by_replica_before.items() if v > 0)
-        send("scaled")
-        after = settled_counters(endpoint.metrics_url)
-        by_replica_after = external_kv_by_replica(endpoint.metrics_url)
-        report["replicas_after"] = observe()
+    before = settled_counters(endpoint.metrics_url)
+    while sum(observe().values()) < 2:
+        send("load")
+    report["decided_s"] = report["timeline"][-1][0]
+    log(f"== Serve added a decode replica {report['decided_s']:.1f} s into the bursts: {decode_replicas()}")
+    while running(observe()) < 2:
+        time.sleep(1.0)
+    report["scaled_up_s"] = report["timeline"][-1][0]
+    log(f"== two decode replicas running at {report['scaled_up_s']:.1f} s")
+    by_replica_before = external_kv_by_replica(endpoint.metrics_url)
+    report["replicas_with_kv_before_scale_up"] = sorted(k for k, v in by_replica_before.items() if v > 0)
+    send("scaled")
+    after = settled_counters(endpoint.metrics_url)
+    by_replica_after = external_kv_by_replica(endpoint.metrics_url)
+    report["replicas_after"] = observe()
     report["engine"] = {k: after[k] - before[k] for k in after}
     report["external_kv_by_replica"] = {
         replica: value - by_replica_before.get(replica, 0.0) for replica, value in by_replica_after.items()
@@ -136,46 +125,4 @@ def judge(report: dict[str, Any], scaling: dict[str, Any]) -> tuple[bool, list[s
             bool(added),
         ),
     ]
-    lines = [f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]
-    return all(ok for _, ok in checks), lines
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--template", type=Path, required=True)
-    parser.add_argument("--checkpoint", type=Path, default=Path(".rehearsal/tiny-checkpoint"))
-    parser.add_argument("--report", type=Path, default=Path(".rehearsal/autoscale-report.json"))
-    parser.add_argument("--timeout-s", type=float, default=480.0)
-    args = parser.parse_args(argv)
-    started = time.monotonic()
-    ray_service = profile.ray_service_from_template(args.template)
-    deployed = profile.serve_config(ray_service)
-    scaling = decode_deployment(deployed).get("autoscaling_config")
-    if not scaling or scaling["max_replicas"] < 2:
-        print(
-            f"error: {args.template} has no decode autoscaling up to 2 replicas. Fix: synthesize with "
-            "-c autoscaling=true -c decode_max_replicas=2",
-            file=sys.stderr,
-        )
-        return 2
-    checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
-    rehearsed = profile.local_profile(deployed, checkpoint)
-    log("== deployed vs rehearsed serve config")
-    log(profile.diff(deployed, rehearsed) or "(identical)")
-    env = {**profile.worker_env(ray_service), **LOCAL_ENV}
-    model_id = deployed["applications"][0]["args"]["decode_config"]["model_loading_config"]["model_id"]
-    report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed}
-    failed = recorded(
-        report, args.report, lambda: rehearse(rehearsed, env, model_id, args.timeout_s), "AUTOSCALING REHEARSAL"
-    )
-    if failed is not None:
-        return failed
-    ok, lines = judge(report, scaling)
-    for line in lines:
-        log(line)
-    log(f"total {time.monotonic() - started:.1f} s; report in {args.report}")
-    return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return all(ok for _, ok in checks), [f"{'PASS' if ok else 'FAIL'}: {text}" for text, ok in checks]

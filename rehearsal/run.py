@@ -4,9 +4,10 @@
 
 Starts Ray and Serve on loopback, deploys the rehearsed config (see rehearsal/profile.py), waits
 for it to be healthy (bounded), probes the OpenAI endpoint, reads the decode engine's
-KV-transfer counters, then repeats the same prompts on one colocated engine with no connector
-(the baseline for outputs and the negative control for the counters). Everything it started is
-stopped on success, failure and Ctrl-C. Exit 0 only when every check passed.
+KV-transfer counters; when the template autoscales decode, drives a scale-up and checks the added
+replica (rehearsal/autoscale.py); then repeats the same prompts on one colocated engine with no
+connector (the baseline for outputs and the negative control for the counters). Everything it
+started is stopped on success, failure and Ctrl-C. Exit 0 only when every check passed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 from eks_pd_serving.endpoint_check import check_endpoint
 
-from . import profile, tiny_checkpoint, verdict
+from . import autoscale, profile, tiny_checkpoint, verdict
 from .probes import Endpoint, ProbeFailed, run_probes
 
 MARKER = "EKS_PD_REHEARSAL_RUN"
@@ -44,6 +45,8 @@ LOCAL_ENV = {
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     "RAY_SERVE_LOG_TO_STDERR": "0",
 }
+# A new engine replica on two busy cores takes minutes (three processes import torch and vLLM).
+SCALE_UP_TIMEOUT_S = 480.0
 # Ray exports metrics every 10 s by default; every 250 ms lets each request's counters be read
 # before the next request is sent.
 RAY_SETTINGS = {"RAY_metrics_report_interval_ms": "250"}
@@ -64,7 +67,8 @@ def local_ray(env: dict[str, str], metrics_port: int, resources: dict[str, float
     """Ray on loopback; on exit every process it started (engines included) is gone."""
     import ray
 
-    run_id = uuid.uuid4().hex
+    # A caller may name the run (tests running rehearsals side by side look for their own).
+    run_id = os.environ.get(MARKER) or uuid.uuid4().hex
     os.environ[MARKER] = run_id  # inherited by raylet, workers and the engines they spawn
     os.environ.update(env)
     os.environ.update(RAY_SETTINGS)
@@ -158,8 +162,8 @@ def rehearse_both(
     started: float,
     control: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The PD application, then ``control`` (default: one colocated engine with no connector),
-    in one Ray session."""
+    """The PD application (and its scale-up, when decode autoscales), then ``control`` (default:
+    one colocated engine with no connector), in one Ray session."""
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     report: dict[str, Any] = {}
@@ -174,6 +178,9 @@ def rehearse_both(
             report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
             # The HTTP half of `python -m eks_pd_serving verify`, against this endpoint.
             report[name]["verify_endpoint"] = asdict(check_endpoint(endpoint.base_url, model_id))
+            if config is rehearsed and autoscale.decode_scaling(rehearsed):
+                log("== pd: decode autoscales; bursts until Serve adds a replica")
+                report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
             undeploy(config)
     return report
 
@@ -211,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
     return rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report)
 
 
-def recorded(
-    report: dict[str, Any], report_file: Path, action: Callable[[], dict[str, Any]], label: str = "REHEARSAL"
-) -> int | None:
+def recorded(report: dict[str, Any], report_file: Path, action: Callable[[], dict[str, Any]]) -> int | None:
     """``report.update(action())``, the report written whatever happens. None when it completed;
     else the exit status (1 failed, with the error shown, 130 interrupted)."""
     try:
@@ -222,7 +227,7 @@ def recorded(
         log("interrupted: everything stopped")
         return 130
     except Exception as error:  # Ray's own rejection of a config is the message to show
-        log(f"{label} FAILED: {type(error).__name__}: {error}")
+        log(f"REHEARSAL FAILED: {type(error).__name__}: {error}")
         return 1
     finally:
         report_file.parent.mkdir(parents=True, exist_ok=True)
@@ -250,6 +255,10 @@ def rehearse_and_judge(
     if failed is not None:
         return failed
     ok, lines = verdict.judge(report, strict=strict)
+    scaling = autoscale.decode_scaling(report["rehearsed"])
+    if scaling:
+        scaled, scale_lines = autoscale.judge(report["autoscale"], scaling)
+        ok, lines = ok and scaled, lines + scale_lines
     for line in lines:
         log(line)
     log(f"total {time.monotonic() - started:.1f} s; report in {report_file}")

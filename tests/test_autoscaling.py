@@ -3,20 +3,24 @@ bounds the settings give, the Cluster Autoscaler that moves the nodes, and every
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import json
 import subprocess
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import NO_AWS_ENV, ROOT, build_stack
+from conftest import NO_AWS_ENV, ROOT, build_stack, synth_assembly
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import helm_releases, kubernetes_objects
+from eks_pd_serving.cli import cost
 from eks_pd_serving.cluster_autoscaler import MUTATING_ACTIONS, published_policy
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.layout import SYSTEM_NODE_LABELS
@@ -135,7 +139,7 @@ def test_each_phase_autoscales_between_its_bounds_with_no_fixed_count() -> None:
     args = serve_args(ray_service(autoscaling=True, decode_max_replicas=3, decode_target_ongoing_requests=6))
     for phase, high, target in (("prefill", 2, 4.0), ("decode", 3, 6.0)):
         deployment = args[f"{phase}_config"]["deployment_config"]
-        assert "num_replicas" not in deployment  # Ray refuses both at once
+        assert "num_replicas" not in deployment  # Serve refuses both when it builds the app (deployment.py)
         assert deployment["autoscaling_config"] == {
             "min_replicas": 1,
             "max_replicas": high,
@@ -309,3 +313,31 @@ def test_the_manifest_on_the_cluster_carries_the_autoscaling_serve_config(scaled
     decode = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]["args"]["decode_config"]
     assert decode["deployment_config"]["autoscaling_config"]["max_replicas"] == 2
     assert service["spec"]["upgradeStrategy"] == {"type": "None"}  # serve-config changes stay in place
+
+
+# --- sizing and cost report both ends -----------------------------------------------------------
+def test_sizing_reports_what_the_min_and_max_replicas_hold() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "eks_pd_serving", "sizing", "-c", "autoscaling=true", "-c", "decode_max_replicas=3"],
+        cwd=ROOT, env={**NO_AWS_ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "replicas 1 to 2 (autoscaling): 11.73 to 23.45 sequences of 4096 tokens in all" in result.stdout
+    assert "replicas 1 to 3 (autoscaling): 11.73 to 35.18 sequences of 4096 tokens in all" in result.stdout
+
+
+def test_cost_prices_every_group_at_its_min_and_at_its_max(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, autoscaling=True)
+    lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    (gpu,) = [line for line in lines if line.item == "g6.8xlarge nodes"]
+    assert (gpu.quantity, gpu.max_quantity, gpu.note) == (2, 4, "autoscaled 2 to 4")
+    at_min, at_max = sum(ln.hourly for ln in lines), sum(ln.hourly_at_max for ln in lines)
+    # The fixed default's total at the minimum; two more g6.8xlarge with their 200 GiB volumes at the maximum.
+    assert at_min * cost.HOURS_30_DAYS == pytest.approx(3193.29, abs=0.01)
+    assert at_max - at_min == pytest.approx(2 * 2.0144 + 2 * 200 * 0.08 / 720)
+    result = subprocess.run(
+        [sys.executable, "-m", "eks_pd_serving", "cost", "--template", str(template), "--on", "2026-11-29"],
+        cwd=ROOT, env={**NO_AWS_ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0 and "30 days at max" in result.stdout
+    assert "$3,193.29" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout

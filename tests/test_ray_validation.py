@@ -97,9 +97,9 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "num_replicas",
     ),
     (
-        "fixed count beside autoscaling",
+        "autoscaling target not positive",
         lambda a: a["decode_config"]["deployment_config"].update(
-            num_replicas=1, autoscaling_config={"min_replicas": 1, "max_replicas": 2}
+            num_replicas=None, autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0}
         ),
         "Invalid deployment config",
     ),

@@ -27,6 +27,7 @@ pytestmark = [
 def rehearse(
     tmp_path: Path, template: Path, *extra: str, module: str = "rehearsal.run", report: str = "report.json"
 ) -> subprocess.CompletedProcess[str]:
+    """The rehearsal as a user runs it, its processes marked with this test's own run id."""
     return subprocess.run(
         [
             str(PYTHON), "-m", module,
@@ -35,27 +36,49 @@ def rehearse(
             "--report", str(tmp_path / report),
             *extra,
         ],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, check=False,
+        cwd=ROOT, env={**os.environ, MARKER: run_id(tmp_path)}, capture_output=True, text=True, timeout=900,
+        check=False,
     )  # fmt: skip
 
 
-def leftovers() -> list[int]:
+def run_id(tmp_path: Path) -> str:
+    return f"test-{tmp_path.parent.name}-{tmp_path.name}"
+
+
+def leftovers(tmp_path: Path) -> list[int]:
+    """Processes of this test's rehearsal still alive (another test's may run beside it)."""
     found = []
     for proc in psutil.process_iter():
         try:
-            if MARKER in proc.environ():
+            if proc.environ().get(MARKER) == run_id(tmp_path):
                 found.append(proc.pid)
         except psutil.Error:
             continue
     return found
 
 
-def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(tmp_path: Path, template_file: Path) -> None:
-    result = rehearse(tmp_path, template_file)
+@pytest.fixture(scope="module")
+def autoscaled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The app with decode autoscaling from 1 to 2 replicas at a target of 1 request (prefill fixed
+    at 1): its serve config is the default one plus the autoscaling keys (test_rehearsal_profile.py
+    asserts that), so one run rehearses both."""
+    from conftest import synth_assembly
+
+    return synth_assembly(
+        tmp_path_factory.mktemp("cdk.out"), nag=False, autoscaling=True, prefill_max_replicas=1,
+        decode_max_replicas=2, decode_target_ongoing_requests=1,
+    )  # fmt: skip
+
+
+def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decode(
+    tmp_path: Path, autoscaled_template: Path
+) -> None:
+    result = rehearse(tmp_path, autoscaled_template)
     print(result.stdout[-6000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS: every request's KV came from prefill over NIXL" in result.stdout
     assert "+            - UCX" in result.stdout or "+        - UCX" in result.stdout  # the diff was shown
+    assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local autoscaling change, shown
     report = json.loads((tmp_path / "report.json").read_text())
     requests = report["pd"]["requests"]
     assert [r["kind"] for r in requests].count("stream") == 4
@@ -69,7 +92,13 @@ def test_the_deployed_serve_app_runs_and_moves_kv_from_prefill_to_decode(tmp_pat
     # `verify`'s HTTP check ran against the rehearsal endpoint.
     assert report["pd"]["verify_endpoint"]["models"] == ["qwen3.5-9b"]
     assert 0 < report["pd"]["verify_endpoint"]["ttft_s"] < report["pd"]["verify_endpoint"]["total_s"]
-    assert leftovers() == [], "processes of the rehearsal outlived it"
+    # The scale-up, from Serve's own status and the engines' counters.
+    scaled = report["autoscale"]
+    assert scaled["replicas_before"] == {"RUNNING": 1} and scaled["replicas_after"] == {"RUNNING": 2}
+    burst = [r for b in scaled["bursts"] for r in b["requests"]]
+    assert scaled["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in burst)
+    assert "PASS: the added decode replica loaded KV over NIXL" in result.stdout
+    assert leftovers(tmp_path) == [], "processes of the rehearsal outlived it"
 
 
 def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, template_file: Path) -> None:
@@ -83,24 +112,4 @@ def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, templ
     assert result.returncode == 1
     assert "REHEARSAL FAILED: ValidationError" in result.stdout
     assert "kv_transfer_config" in result.stdout and "Extra inputs are not permitted" in result.stdout
-    assert leftovers() == []
-
-
-def test_a_burst_adds_a_decode_replica_and_its_kv_still_comes_over_nixl(tmp_path: Path) -> None:
-    """Autoscaling (decode min 1, max 2, target 1 request) on this CPU: Serve's own status shows the
-    second replica; the engines' counters show every request's KV pulled from prefill."""
-    from conftest import synth_assembly
-
-    template = synth_assembly(
-        tmp_path / "cdk.out", nag=False, autoscaling=True, prefill_max_replicas=1,
-        decode_max_replicas=2, decode_target_ongoing_requests=1,
-    )  # fmt: skip
-    result = rehearse(tmp_path, template, module="rehearsal.autoscale", report="autoscale.json")
-    print(result.stdout[-4000:])
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local change, shown
-    report = json.loads((tmp_path / "autoscale.json").read_text())
-    assert report["replicas_before"] == {"RUNNING": 1} and report["replicas_after"] == {"RUNNING": 2}
-    requests = [r for b in report["bursts"] for r in b["requests"]]
-    assert report["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in requests)
-    assert leftovers() == [], "processes of the rehearsal outlived it"
+    assert leftovers(tmp_path) == []

@@ -107,20 +107,35 @@ def test_verdict_copies_nothing_it_did_not_judge() -> None:
     assert report == snapshot
 
 
-def test_an_autoscaled_config_keeps_its_bounds_and_only_acts_sooner(tmp_path: Path) -> None:
+def test_the_rehearsed_autoscaled_config_is_the_default_plus_autoscaling(template_file: Path, tmp_path: Path) -> None:
+    """The CPU rehearsal runs the autoscaled template (tests/test_rehearsal.py): its serve config
+    differs from the default's only in the autoscaling keys, so the run rehearses both."""
     from conftest import synth_assembly
 
-    template = synth_assembly(tmp_path, nag=False, autoscaling=True, decode_target_ongoing_requests=1)
+    template = synth_assembly(
+        tmp_path, nag=False, autoscaling=True, prefill_max_replicas=1, decode_max_replicas=2,
+        decode_target_ongoing_requests=1,
+    )  # fmt: skip
+    default = leaves(profile.serve_config(profile.ray_service_from_template(template_file)))
     deployed = profile.serve_config(profile.ray_service_from_template(template))
+    scaled = leaves(deployed)
+    differing = {k.split("/args/")[1] for k in default.keys() | scaled.keys() if default.get(k) != scaled.get(k)}
+    scaling_keys = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
+    assert differing == {
+        f"{side}/deployment_config/{key}"
+        for side in ("prefill_config", "decode_config")
+        for key in ("num_replicas", "graceful_shutdown_timeout_s", *(f"autoscaling_config/{k}" for k in scaling_keys))
+    } | {"decode_config/engine_kwargs/kv_transfer_config/kv_load_failure_policy"}
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    before, after = leaves(deployed), leaves(rehearsed)
-    changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+    local = leaves(rehearsed)
+    changed = {k.split("/args/")[1] for k in local if scaled.get(k) != local[k]}
     assert {k for k in changed if "deployment_config" in k} == {
         f"{side}/deployment_config/autoscaling_config/upscale_delay_s" for side in ("prefill_config", "decode_config")
     }
     decode = rehearsed["applications"][0]["args"]["decode_config"]
-    assert "num_replicas" not in decode["deployment_config"]  # Ray refuses it beside autoscaling_config
-    assert decode["engine_kwargs"]["kv_transfer_config"]["kv_load_failure_policy"] == "recompute"
+    assert (
+        "num_replicas" not in decode["deployment_config"]
+    )  # Serve refuses both when it builds the app (deployment.py)
     control = profile.colocated_control(rehearsed)["applications"][0]["args"]["llm_configs"][0]
     assert control["deployment_config"] == {"num_replicas": 1}
 
