@@ -67,6 +67,13 @@ def test_per_phase_bounds_default_to_what_each_phases_replicas_need() -> None:
     assert {g.name: g.node_bounds for g in config.gpu_groups} == {"prefill": (0, 2), "decode": (1, 3)}
 
 
+def test_scale_to_zero_is_allowed_and_warned() -> None:
+    config = DeploymentConfig.create(autoscaling=True, gpu_layout="per_phase", prefill_min_replicas=0)
+    (warning,) = [w for w in config.warnings() if "min_replicas" in w]
+    assert warning.startswith("prefill_min_replicas=0: after a quiet period the first request waits for a GPU node")
+    assert not [w for w in DeploymentConfig.create(autoscaling=True).warnings() if "min_replicas" in w]
+
+
 def test_without_autoscaling_nothing_changes() -> None:
     config = DeploymentConfig.create()
     assert config.replica_bounds("decode") == (1, 1)
@@ -341,3 +348,14 @@ def test_cost_prices_every_group_at_its_min_and_at_its_max(tmp_path: Path) -> No
     )  # fmt: skip
     assert result.returncode == 0 and "30 days at max" in result.stdout
     assert "$3,193.29" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout
+
+
+def test_verify_names_scale_to_zero_when_a_phase_has_no_replica() -> None:
+    from eks_pd_serving.cli import verify
+
+    apps = {"applications": {"pd-openai": {"deployments": {
+        "Prefill:qwen3_5-9b": {"replicas": []},
+        "Decode:qwen3_5-9b": {"replicas": [{"node_ip": "10.0.64.31"}]},
+    }}}}  # fmt: skip
+    check = verify.check_replica_placement(apps, {"10.0.64.31": "node-b"})
+    assert not check.passed and "autoscaled to zero has none until a request arrives" in check.detail

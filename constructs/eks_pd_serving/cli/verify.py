@@ -146,7 +146,12 @@ def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str
                 ip = str(replica.get("node_ip"))
                 nodes[phase].add(pod_nodes.get(ip, f"ip {ip}"))
     if not nodes["Prefill"] or not nodes["Decode"]:
-        return Check("replica placement", False, f"replicas not found: {nodes}")
+        return Check(
+            "replica placement",
+            False,
+            f"replicas not found: {nodes} (a phase autoscaled to zero has none until a request arrives: "
+            "run verify again after one)",
+        )
     shared = nodes["Prefill"] & nodes["Decode"]
     detail = f"prefill on {sorted(nodes['Prefill'])}, decode on {sorted(nodes['Decode'])}"
     return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))

@@ -143,6 +143,12 @@ class DeploymentConfig(Settings, FieldRules):
                 "cluster, which needs as many spare GPU nodes as the first; with fixed node counts its "
                 "workers stay Pending."
             )
+        for phase in layout.PHASES:
+            if self.autoscaling and self.replica_bounds(phase)[0] == 0:
+                found.append(
+                    f"{phase}_min_replicas=0: after a quiet period the first request waits for a GPU node, the "
+                    "image pull and the model load (minutes); clients with shorter timeouts fail."
+                )
         if self.kv_backend == "UCX":
             found.append(
                 "kv_backend=UCX: NIXL moves the KV cache at TCP speed even on EFA. "

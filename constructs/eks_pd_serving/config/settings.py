@@ -323,13 +323,13 @@ class Settings(BaseModel):
     prefill_replicas: int = Field(
         1,
         ge=1,
-        description="Prefill engine replicas. Default: 1.",
+        description="Prefill engine replicas, fixed (refused with autoscaling: see prefill_min_replicas). Default: 1.",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     decode_replicas: int = Field(
         1,
         ge=1,
-        description="Decode engine replicas. Default: 1.",
+        description="Decode engine replicas, fixed (refused with autoscaling: see decode_min_replicas). Default: 1.",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     prefill_tensor_parallel_size: int = Field(
