@@ -15,6 +15,7 @@ from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
 from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayAutoscalerSpec, RayServiceProps, WorkerGroupSpec
 
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
+LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -124,6 +125,10 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         {"name": "FI_PROVIDER", "value": "efa"},
         # NIXL advertises this address to its peer; the pod IP is the one EFA reaches.
         {"name": "VLLM_HOST_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        # Ray writes its processes' output to files under /tmp/ray unless told otherwise; this puts
+        # the engines' lines (NIXL's "Backend ... was instantiated" among them) in the pod's log,
+        # where `kubectl logs`, `verify` and log collectors read them.
+        {"name": LOG_TO_STDERR, "value": "1"},
     ]
     if props.hybrid_model:
         env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})

@@ -145,6 +145,7 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert container["resources"]["requests"] == {"cpu": "28", "memory": "102Gi"}
     env = {e["name"]: e for e in container["env"]}
     assert env["FI_PROVIDER"]["value"] == "efa"
+    assert env["RAY_LOG_TO_STDERR"]["value"] == "1"  # engine lines in the pod log, not /tmp/ray files
     assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
     assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]

@@ -98,6 +98,9 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     burst = [r for b in scaled["bursts"] for r in b["requests"]]
     assert scaled["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in burst)
     assert "PASS: the added decode replica loaded KV over NIXL" in result.stdout
+    # The workers' RAY_LOG_TO_STDERR=1 (deployed env, not a local addition) puts the engines' NIXL
+    # line on the process's own output, as it puts it in a pod's log for `kubectl logs` and verify.
+    assert "Backend UCX was instantiated" in result.stdout + result.stderr
     assert leftovers(tmp_path) == [], "processes of the rehearsal outlived it"
 
 
