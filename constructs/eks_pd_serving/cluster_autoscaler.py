@@ -88,7 +88,7 @@ class ClusterAutoscaler(Construct):
                     "eks:cluster-name tag of this cluster's Auto Scaling groups."
                 ),
                 f"{nag.PACK}-IAM5[Resource::arn:<AWS::Partition>:eks:<AWS::Region>:<AWS::AccountId>:nodegroup/"
-                f"<{self._cluster_ref(cluster)}>/*/*]": (
+                f"<{nag.logical_id(cluster.node.default_child)}>/*/*]": (
                     "eks:DescribeNodegroup on this cluster's node groups only (their names and ids are "
                     "chosen by EKS at creation)."
                 ),
@@ -122,12 +122,3 @@ class ClusterAutoscaler(Construct):
         )
         # Credentials are injected when the pod starts: the association must exist first.
         self.chart.node.add_dependency(self.association)
-
-    @staticmethod
-    def _cluster_ref(cluster: eks.Cluster) -> str:
-        """How cdk-nag prints the cluster name token inside a finding's id."""
-        from aws_cdk import Stack
-
-        stack = Stack.of(cluster)
-        resource = cluster.node.default_child
-        return str(stack.resolve(stack.get_logical_id(resource)))  # type: ignore[arg-type]

@@ -45,12 +45,18 @@ CLUSTER_ROLE = {
 }
 
 
+def logical_id(element: IConstruct | None) -> str:
+    """The logical id of a CloudFormation element, as cdk-nag prints it inside a finding's id."""
+    assert element is not None, "no CloudFormation element to name"
+    stack = Stack.of(element)
+    return str(stack.resolve(stack.get_logical_id(element)))  # type: ignore[arg-type]
+
+
 def kubectl_provider(provider: IConstruct) -> dict[str, str]:
     """Findings on aws-cdk-lib's kubectl/Helm provider; two rule ids embed its logical ids."""
-    stack = Stack.of(provider)
     handler = provider.node.find_child("Handler")
-    handler_id = stack.resolve(stack.get_logical_id(handler.node.find_child("Resource")))  # type: ignore[arg-type]
-    condition_id = stack.resolve(stack.get_logical_id(handler.node.find_child("HasEcrPublic")))  # type: ignore[arg-type]
+    handler_id = logical_id(handler.node.find_child("Resource"))
+    condition_id = logical_id(handler.node.find_child("HasEcrPublic"))
     ecr_public = json.dumps(
         {
             "Fn::If": [
@@ -110,8 +116,7 @@ CAPACITY_CHECK_FUNCTION = {
 
 def provider_framework(provider: IConstruct, handler: IConstruct) -> dict[str, str]:
     """aws-cdk-lib's custom-resource Provider framework Lambda, which invokes ``handler``."""
-    stack = Stack.of(provider)
-    handler_id = stack.resolve(stack.get_logical_id(handler.node.default_child))  # type: ignore[arg-type]
+    handler_id = logical_id(handler.node.default_child)
     return {
         _LAMBDA_LOGS: "aws-cdk-lib's Provider framework Lambda writes only its own CloudWatch logs.",
         f"{PACK}-IAM5[Resource::<{handler_id}.Arn>:*]": (
