@@ -4,8 +4,9 @@
 pods reach each other on every port (GCS, raylets, object transfer, NIXL side channels); the
 KubeRay operator reaches the dashboard (it reads Serve's status there) and the serve port (it
 probes the head's proxy at /-/healthz to set ``ray.io/serve``, which the Services select on); the
-serve port is open to the namespace and to the client CIDRs. Nothing else reaches GCS (6379), the dashboard and
-job API (8265), the Ray client (10001) or the metrics port (8080).
+serve port is open to the namespace and to the client CIDRs; with observability, the metrics port (8080) is
+open to the CloudWatch agents' namespace (its Ray scraper runs off the host network there). Nothing else
+reaches GCS (6379), the dashboard and job API (8265), the Ray client (10001) or the metrics port.
 
 ``EndpointServiceChart`` (``internal`` exposure): a LoadBalancer Service the AWS Load Balancer
 Controller turns into an internal NLB with IP targets on the Ray head's serve port.
@@ -44,6 +45,10 @@ class ServingNetworkProps:
     #: IPv4 CIDRs that may call the serve port from outside the cluster (the NLB's own addresses
     #: are in the VPC CIDR, which callers add when the endpoint is internal).
     client_cidrs: tuple[str, ...]
+    #: The namespace whose pods may scrape the Ray pods' metrics port. Default: none may.
+    metrics_scraper_namespace: str | None = None
+    #: The Ray pods' metrics port (KubeRay's default).
+    metrics_port: int = 8080
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,12 @@ class ServingNetworkChart(cdk8s.Chart):
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
         for index, cidr in enumerate(props.client_cidrs):
             serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])
+        if props.metrics_scraper_namespace:
+            scraper = kplus.Namespaces.select(self, "ScraperNamespace", names=[props.metrics_scraper_namespace])
+            metrics = kplus.NetworkPolicy(
+                self, "Metrics", metadata=cdk8s.ApiObjectMetadata(name="ray-metrics-from-scraper"), selector=ray_pods
+            )
+            metrics.add_ingress_rule(scraper, [_tcp(props.metrics_port)])
 
 
 class EndpointServiceChart(cdk8s.Chart):

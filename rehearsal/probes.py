@@ -52,6 +52,34 @@ def _samples(metrics_url: str) -> list[tuple[str, dict[str, str], float]]:
     return found
 
 
+_TYPE = re.compile(r"^# TYPE (?P<name>\S+) (?P<type>\S+)$")
+# Labels whose values say which component a sample came from; the others (ids, addresses) only
+# have their keys recorded.
+_CATALOGUED_VALUES = frozenset({"deployment", "application", "source", "engine", "model_name", "Component"})
+
+
+def metric_catalogue(metrics_url: str) -> dict[str, dict[str, Any]]:
+    """Every metric family Ray's Prometheus endpoint exports: its type, and its label keys (with
+    the values of the few labels that name a component). What a dashboard may name."""
+    text = httpx.get(metrics_url, timeout=30).text
+    families: dict[str, dict[str, Any]] = {}
+    for line in text.splitlines():
+        if match := _TYPE.match(line):
+            families[match["name"]] = {"type": match["type"], "labels": {}}
+    for name, labels, _value in _samples(metrics_url):
+        family = next((f for f in (name, name.rsplit("_", 1)[0]) if f in families), None)
+        if family is None:
+            continue
+        known = families[family]["labels"]
+        for key, value in labels.items():
+            values = known.setdefault(key, [])
+            if key in _CATALOGUED_VALUES and value not in values:
+                values.append(value)
+    for entry in families.values():
+        entry["labels"] = {key: sorted(values) for key, values in sorted(entry["labels"].items())}
+    return dict(sorted(families.items()))
+
+
 def engine_counters(metrics_url: str) -> dict[str, float]:
     """The KV counters summed over every engine replica, from Ray's Prometheus endpoint."""
     totals = dict.fromkeys(COUNTERS, 0.0)

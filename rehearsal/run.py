@@ -30,7 +30,7 @@ from typing import Any
 from eks_pd_serving.endpoint_check import check_endpoint
 
 from . import autoscale, profile, tiny_checkpoint, verdict
-from .probes import Endpoint, ProbeFailed, run_probes
+from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes
 
 MARKER = "EKS_PD_REHEARSAL_RUN"
 PROMPTS = [
@@ -181,6 +181,10 @@ def rehearse_both(
             if config is rehearsed and autoscale.decode_scaling(rehearsed):
                 log("== pd: decode autoscales; bursts until Serve adds a replica")
                 report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
+            if config is rehearsed:
+                # After traffic, so the request and KV families exist: the dashboard's metric
+                # names are checked against this (tests/test_observability.py).
+                report["metrics"] = metric_catalogue(endpoint.metrics_url)
             undeploy(config)
     return report
 

@@ -49,6 +49,14 @@ class PdServingStack(Stack):
                     "-o jsonpath='{.status.loadBalancer.ingress[0].hostname}'"
                 ),
             )
+        dashboard = self.serving.dashboard
+        if dashboard is not None:
+            name = dashboard.dashboard.dashboard_name
+            CfnOutput(
+                self,
+                "DashboardUrl",
+                value=f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{name}",
+            )
         CfnOutput(
             self,
             "ChatCompletionsCurl",

@@ -71,9 +71,24 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     hourly = sum(line.hourly for line in lines)
     # EKS 0.10 + NAT 0.045 + m7i.xlarge 0.2016 + 2 x g6.8xlarge 2.0144
     # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h + 3 KMS keys (secrets, flow logs, logs) x 1.00 / 720 h
-    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 3 / 720)
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3193.29, abs=0.01)
+    # + observability a month: 1 dashboard x 3.00, 3 alarm metrics (UCX 1, KV-over-EFA 2) x 0.10,
+    #   17 custom metrics (4 Serve metrics x 3 deployments, prompt tokens x 2 sources, 2 vLLM
+    #   totals, the UCX line count) x 0.30
+    observability = (3.00 + 3 * 0.10 + 17 * 0.30) / 720
+    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 3 / 720 + observability)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3201.69, abs=0.01)
+    assert {line.item for line in lines} >= {
+        "CloudWatch dashboard",
+        "CloudWatch alarm metrics",
+        "CloudWatch custom metrics",
+    }
     assert "us-east-1" in label
+
+
+def test_cost_without_observability_has_no_cloudwatch_lines(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, observability=False)
+    lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    assert not [line for line in lines if line.item.startswith("CloudWatch")]
 
 
 def test_cost_uses_the_extended_support_price_past_standard_support(tmp_path: Path) -> None:
@@ -91,7 +106,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,193.29" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,201.69" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------
@@ -383,3 +398,60 @@ def test_verify_prints_the_internal_nlbs_name_once_it_exists() -> None:
         assert ready.passed and ready.detail.startswith(f"http://{name} ")
     finally:
         server.shutdown()
+
+
+# --- verify: the KV crossed EFA (Container Insights' EFA counters, read from CloudWatch) --------
+SENT = datetime.datetime(2026, 12, 1, 10, 30, 20, tzinfo=datetime.UTC)
+
+
+def efa_client(*answers: list[float]) -> tuple[Any, Stubber]:
+    """CloudWatch answering GetMetricData with ``answers`` in turn (one-minute sums from the
+    request's minute on), and checking verify asks for the documented metric and dimension."""
+    client = boto3.client("cloudwatch", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    expected_query = {
+        "Id": "efa",
+        "MetricStat": {
+            "Metric": {
+                "Namespace": "ContainerInsights",
+                "MetricName": "node_efa_rx_bytes",
+                "Dimensions": [{"Name": "ClusterName", "Value": "ray-llm-multinode"}],
+            },
+            "Period": 60,
+            "Stat": "Sum",
+        },
+    }
+    start = SENT.replace(second=0)
+    for values in answers:
+        stub.add_response(
+            "get_metric_data",
+            {"MetricDataResults": [{"Id": "efa", "Label": "efa", "Values": values, "StatusCode": "Complete"}]},
+            {
+                "MetricDataQueries": [expected_query],
+                "StartTime": start,
+                "EndTime": start + datetime.timedelta(minutes=5),
+            },
+        )
+    stub.activate()
+    return client, stub
+
+
+def test_verify_efa_passes_once_the_requests_minute_shows_bytes() -> None:
+    client, stub = efa_client([], [1_310_720.0])
+    waits: list[float] = []
+    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 240, sleep=waits.append)
+    assert check.passed and "1,310,720 bytes" in check.detail
+    assert waits == [15.0]
+    stub.assert_no_pending_responses()
+
+
+def test_verify_efa_fails_when_requests_were_served_and_efa_stood_still() -> None:
+    client, _ = efa_client([0.0, 0.0])
+    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None)
+    assert not check.passed and "did not cross EFA" in check.detail and "Fix:" in check.detail
+
+
+def test_verify_efa_fails_with_the_addon_to_check_when_no_metric_arrives() -> None:
+    client, _ = efa_client([], [], [])
+    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
+    assert not check.passed and "amazon-cloudwatch" in check.detail

@@ -88,7 +88,7 @@ def test_kubectl_handler_runs_in_the_vpc(template: Template) -> None:
 
 def test_managed_addons_are_installed(template: Template) -> None:
     names = {a["Properties"]["AddonName"] for a in template.find_resources("AWS::EKS::Addon").values()}
-    assert names == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent"}
+    assert names == {"vpc-cni", "coredns", "kube-proxy", "eks-pod-identity-agent", "amazon-cloudwatch-observability"}
 
 
 def test_a_named_admin_role_gets_the_access_entry_and_no_role_is_created(

@@ -202,11 +202,16 @@ def test_two_deployments_in_one_app_do_not_collide(tmp_path: Path) -> None:
             if resource["Type"] == "AWS::Logs::LogGroup" and isinstance(props.get("LogGroupName"), str):
                 names["log"].add(props["LogGroupName"])
                 continue
+            if resource["Type"] == "AWS::CloudWatch::Dashboard":
+                names.setdefault("dashboard", set()).add(props["DashboardName"])
             for key in ("RoleName", "FunctionName", "AliasName", "NodegroupName"):
                 assert not isinstance(props.get(key), str), f"{stack}: fixed {key} {props.get(key)}"
     assert names["cluster"] == {"team-a", "team-b"}
-    assert names["log"] == {"/aws/eks/team-a/cluster", "/aws/eks/team-b/cluster"}
+    containerinsights = {f"/aws/containerinsights/{c}/{k}" for c in ("team-a", "team-b")
+                         for k in ("application", "dataplane", "host", "performance", "prometheus")}  # fmt: skip
+    assert names["log"] == {"/aws/eks/team-a/cluster", "/aws/eks/team-b/cluster"} | containerinsights
     assert len(names["release"]) == 6  # three releases per cluster, each cluster its own
+    assert names["dashboard"] == {"team-a-pd-serving", "team-b-pd-serving"}
 
 
 def test_two_deployments_in_one_stack_and_a_duplicate_name() -> None:

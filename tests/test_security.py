@@ -68,7 +68,8 @@ def test_vpc_flow_logs_go_to_a_kms_encrypted_log_group(template: Template) -> No
 
 def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    assert len(groups) == 7  # flow logs, control plane, and one per Lambda (5)
+    # flow logs, control plane, one per Lambda (5), and the five the CloudWatch add-on writes to
+    assert len(groups) == 12
     for group_id, group in groups.items():
         assert "KmsKeyId" in group["Properties"], group_id
         assert group["DeletionPolicy"] == "Delete", group_id
@@ -77,6 +78,13 @@ def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: T
 def test_every_kms_key_rotates(template: Template) -> None:
     keys = resources(template, "AWS::KMS::Key").values()
     assert len(keys) == 3 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
+
+
+def test_the_alarm_topics_key_rotates_too() -> None:
+    from conftest import build_stack
+
+    keys = Template.from_stack(build_stack(alarm_email="ops@example.com")).find_resources("AWS::KMS::Key")
+    assert len(keys) == 4 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
 
 
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:

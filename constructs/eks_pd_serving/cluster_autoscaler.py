@@ -99,7 +99,7 @@ class ClusterAutoscaler(Construct):
             cluster=cluster,
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
-            policy=self.policy,
+            policy_arn=self.policy.ref,
             description=f"Cluster Autoscaler in {cluster.cluster_name} (EKS Pod Identity)",
         )
         self.chart = helm_chart(

@@ -57,7 +57,7 @@ class AwsLoadBalancerController(Construct):
             cluster=cluster,
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
-            policy=self.policy,
+            policy_arn=self.policy.ref,
             description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
         )
         source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"

@@ -10,8 +10,9 @@ from aws_cdk import Annotations, Aws
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from . import versions
+from . import observability_metrics, versions
 from .capacity_check import GpuCapacityCheck
+from .cloudwatch_observability import CloudWatchObservability
 from .cluster import EksCluster, EksClusterProps
 from .cluster_autoscaler import ClusterAutoscaler
 from .config import ConfigError, DeploymentConfig
@@ -27,6 +28,7 @@ from .log_groups import LogGroups
 from .network import Network
 from .ray_service import RayServiceManifest
 from .ray_service_props import ray_service_props
+from .serving_dashboard import ServingDashboard
 from .serving_network import ServingNetwork
 
 
@@ -121,9 +123,42 @@ class PdServing(Construct):
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
             ],
         )
+        self._observe(config)
         self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
         self.log_groups.adopt_lambda_logs(self)
+
+    def _observe(self, config: DeploymentConfig) -> None:
+        """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before
+        the Ray cluster, so the first engines' logs and metrics are collected), and the dashboard."""
+        self.observability: CloudWatchObservability | None = None
+        self.dashboard: ServingDashboard | None = None
+        if not config.observability:
+            return
+        self.observability = CloudWatchObservability(
+            self,
+            "Observability",
+            cluster=self.eks.cluster,
+            cluster_name=config.cluster_name,
+            region=config.region or Aws.REGION,
+            serving_namespace=self.ray_service.props.namespace,
+            log_groups=self.log_groups,
+            addon_version=config.cloudwatch_addon_version,
+        )
+        for dependency in (self.eks.system_nodes, *self.eks.node_addons):
+            self.observability.addon.node.add_dependency(dependency)
+        self.ray_service.manifest.node.add_dependency(self.observability.addon)
+        nat_gateway_ids = [
+            child.ref for child in self.network.vpc.node.find_all() if isinstance(child, ec2.CfnNatGateway)
+        ]
+        self.dashboard = ServingDashboard(
+            self,
+            "Dashboard",
+            cluster_name=config.cluster_name,
+            application_logs=self.observability.log_groups["application"],
+            nat_gateway_ids=nat_gateway_ids,
+            alarm_email=config.alarm_email,
+        )
 
     def _expose(self, config: DeploymentConfig) -> None:
         """NetworkPolicies in every exposure; with ``internal``, the controller and the NLB Service."""
@@ -148,7 +183,11 @@ class PdServing(Construct):
             self,
             "ServingNetwork",
             props=ServingNetworkProps(
-                namespace=namespace, operator_namespace=OPERATOR_NAMESPACE, client_cidrs=policy_cidrs
+                namespace=namespace,
+                operator_namespace=OPERATOR_NAMESPACE,
+                client_cidrs=policy_cidrs,
+                metrics_scraper_namespace=observability_metrics.ADDON_NAMESPACE if config.observability else None,
+                metrics_port=observability_metrics.RAY_METRICS_PORT,
             ),
             cluster=self.eks.cluster,
             ray_service=self.ray_service,

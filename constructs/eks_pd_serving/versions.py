@@ -103,6 +103,15 @@ CLUSTER_AUTOSCALER_IMAGE_TAGS: Final = {
     "1.36": "v1.36.1",
 }
 CLUSTER_AUTOSCALER_POLICY: Final = "policies/cluster-autoscaler-v1.35.2.json"
+# CloudWatch Observability EKS add-on (observability=true). Its versions follow the
+# aws-observability/helm-charts chart amazon-cloudwatch-observability (chart 1.5.2 is add-on
+# v1.5.2-eksbuild.1 in AWS's docs); the configuration values here follow that chart's values.yaml
+# at tag amazon-cloudwatch-observability-6.4.0 (2026-07-21: agent 1.300070.0b1586, operator
+# 3.6.0, DCGM exporter 4.6.0-4.8.3, Fluent Bit 3.4.8). Whether EKS offers it for the cluster's
+# Kubernetes version, and accepts the values, `preflight` asks EKS (DescribeAddonVersions,
+# DescribeAddonConfiguration); nothing here can.
+CLOUDWATCH_OBSERVABILITY_CHART_VERSION: Final = "6.4.0"
+CLOUDWATCH_OBSERVABILITY_ADDON_VERSION: Final = f"v{CLOUDWATCH_OBSERVABILITY_CHART_VERSION}-eksbuild.1"
 # cdk8s-plus is published per Kubernetes minor (cdk8s-plus-35 for 1.35); requirements.txt pins it.
 CDK8S_PLUS_PACKAGE: Final = "cdk8s-plus-" + DEFAULT_KUBERNETES_VERSION.split(".")[1]
 

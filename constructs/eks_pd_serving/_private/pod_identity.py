@@ -1,5 +1,6 @@
 """EKS Pod Identity for one service account: a role the agent add-on may assume for it, with one
-customer managed policy, and the association. Children keep the ids Role, PolicyArn, PodIdentity."""
+managed policy (a customer managed one, or AWS's), and the association. Children keep the ids
+Role, PolicyArn, PodIdentity."""
 
 from __future__ import annotations
 
@@ -10,29 +11,35 @@ from constructs import Construct
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 
 
-def pod_identity_role(
-    scope: Construct,
-    *,
-    cluster: eks.Cluster,
-    namespace: str,
-    service_account: str,
-    policy: iam.CfnManagedPolicy,
-    description: str,
-) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
-    """The role (trusted by the Pod Identity service with AssumeRole and TagSession) and the
-    association of ``namespace``/``service_account`` with it; pods get credentials only if the
-    association exists when they start, so charts depend on it."""
+def pod_identity_service_role(scope: Construct, *, policy_arn: str, description: str) -> iam.Role:
+    """The role, trusted by the Pod Identity service with AssumeRole and TagSession, carrying the
+    one managed policy; an EKS add-on may own the association itself (CfnAddon)."""
     principal = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
     role = iam.Role(
         scope,
         "Role",
         assumed_by=principal,
         description=description,
-        managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(scope, "PolicyArn", policy.ref)],
+        managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(scope, "PolicyArn", policy_arn)],
     )
     role.assume_role_policy.add_statements(  # type: ignore[union-attr]
         iam.PolicyStatement(actions=["sts:TagSession"], principals=[principal])
     )
+    return role
+
+
+def pod_identity_role(
+    scope: Construct,
+    *,
+    cluster: eks.Cluster,
+    namespace: str,
+    service_account: str,
+    policy_arn: str,
+    description: str,
+) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
+    """The role and the association of ``namespace``/``service_account`` with it; pods get
+    credentials only if the association exists when they start, so charts depend on it."""
+    role = pod_identity_service_role(scope, policy_arn=policy_arn, description=description)
     association = eks.CfnPodIdentityAssociation(
         scope,
         "PodIdentity",

@@ -1,8 +1,9 @@
 """Hourly and 30-day cost estimate of what the synthesized app runs (an estimate, not a quote).
 
 Reads the template `cdk synth` wrote (NAT gateways, node groups and their volumes, the EKS
-version) and prices it from the table below. Data transfer (NAT per-GB, cross-AZ) and log
-ingestion depend on traffic and are not included.
+version, the observability add-on, dashboard and alarms) and prices it from the table below.
+Data transfer (NAT per-GB, cross-AZ), log ingestion and Container Insights observations depend on
+traffic and on the number of pods, and are not included.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..observability_metrics import ADDON_NAME, custom_metric_count
 from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
 
@@ -27,6 +29,10 @@ PRICES: dict[str, dict[str, float]] = {
         "m7i.xlarge": 0.2016,
         "gp3_gb_month": 0.08,
         "kms_key_month": 1.00,
+        # CloudWatch, standard resolution (public pricing page, as recalled: not fetched here).
+        "cw_dashboard_month": 3.00,
+        "cw_alarm_metric_month": 0.10,
+        "cw_custom_metric_month": 0.30,
     }
 }
 HOURS_30_DAYS = 720
@@ -93,7 +99,31 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
         )
     keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
+    lines += _observability(list(resources), prices)
     return lines, label
+
+
+def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:
+    """The dashboard, the alarms' metrics and the metrics the add-on's Ray scrape publishes."""
+    if not any(r["Type"] == "AWS::EKS::Addon" and r["Properties"]["AddonName"] == ADDON_NAME for r in resources):
+        return []
+    month = 1 / HOURS_30_DAYS
+    dashboards = sum(r["Type"] == "AWS::CloudWatch::Dashboard" for r in resources)
+    alarm_metrics = sum(
+        len([m for m in r["Properties"].get("Metrics", []) if "MetricStat" in m]) or 1
+        for r in resources
+        if r["Type"] == "AWS::CloudWatch::Alarm"
+    )
+    return [
+        Line("CloudWatch dashboard", dashboards, prices["cw_dashboard_month"] * month, "the first 3 a month are free"),
+        Line("CloudWatch alarm metrics", alarm_metrics, prices["cw_alarm_metric_month"] * month),
+        Line(
+            "CloudWatch custom metrics",
+            custom_metric_count(),
+            prices["cw_custom_metric_month"] * month,
+            "Ray scrape; plus log ingestion and Container Insights observations (not included)",
+        ),
+    ]
 
 
 def _disk_gib(template: dict[str, Any], group: dict[str, Any]) -> int:

@@ -5,6 +5,9 @@
 - prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
 - worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
 - /v1/models and one streamed chat completion answer, with time to first token (--endpoint);
+- with observability: the GPU nodes' EFA byte counters moved in the minutes of that request
+  (Container Insights' node_efa_rx_bytes, read from CloudWatch; it arrives a minute or two late,
+  so verify waits up to --efa-wait-s): the KV crossed EFA, not only LIBFABRIC was instantiated;
 - the serving namespace's NetworkPolicies are in place (the Ray head closed to other pods);
 - with endpoint_exposure=internal: the NLB exists and its DNS name (it answers only from inside
   the VPC: run verify there with --endpoint http://<that name>).
@@ -17,6 +20,9 @@ Open the two ports first, as the stack outputs say:
 from __future__ import annotations
 
 import argparse
+import datetime
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +31,7 @@ import httpx
 from ..endpoint_check import EndpointFailed, check_endpoint
 from ..k8s.network import endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
+from ..observability_metrics import CONTAINER_INSIGHTS, EFA_RX_BYTES
 from ._common import add_config_arguments, console, load_config, table
 
 LIBFABRIC = "Backend LIBFABRIC was instantiated"
@@ -48,6 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", default="http://127.0.0.1:8000", help="port-forwarded serve service")
     parser.add_argument("--dashboard", default="http://127.0.0.1:8265", help="port-forwarded Ray dashboard")
     parser.add_argument("--skip-http", action="store_true", help="only the Kubernetes checks")
+    parser.add_argument("--efa-wait-s", type=float, default=240.0,
+                        help="how long to wait for the request's minute of EFA metrics (default 240)")  # fmt: skip
+    parser.add_argument("--profile", help="AWS profile for reading CloudWatch (default: the environment's)")
 
 
 def _selector(labels: dict[str, str]) -> str:
@@ -157,6 +167,55 @@ def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str
     return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))
 
 
+def check_efa_traffic(
+    cloudwatch: Any,
+    cluster_name: str,
+    sent: datetime.datetime,
+    wait_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Check:
+    """Bytes the cluster's EFA devices received in the minutes from ``sent`` (Container Insights,
+    dimension ClusterName, one-minute sums). Passes once a minute at or after ``sent`` shows
+    bytes; fails when those minutes arrived and all show none, or none arrived in ``wait_s``."""
+    start = sent.replace(second=0, microsecond=0)
+    query = {
+        "Id": "efa",
+        "MetricStat": {
+            "Metric": {
+                "Namespace": CONTAINER_INSIGHTS,
+                "MetricName": EFA_RX_BYTES,
+                "Dimensions": [{"Name": "ClusterName", "Value": cluster_name}],
+            },
+            "Period": 60,
+            "Stat": "Sum",
+        },
+    }
+    waited = 0.0
+    while True:
+        end = start + datetime.timedelta(minutes=5)
+        result = cloudwatch.get_metric_data(MetricDataQueries=[query], StartTime=start, EndTime=end)
+        (series,) = result["MetricDataResults"]
+        received = sum(series["Values"])
+        if received > 0:
+            return Check("KV over EFA", True, f"{received:,.0f} bytes received on EFA since the test request")
+        if len(series["Values"]) >= 2:  # the request's minute and the next: it would have shown
+            return Check(
+                "KV over EFA",
+                False,
+                f"{EFA_RX_BYTES} stayed at 0 for {len(series['Values'])} minutes after the test request: the KV "
+                "cache did not cross EFA. " + UCX_FIX.split(". ", 1)[1],
+            )
+        if waited >= wait_s:
+            return Check(
+                "KV over EFA",
+                False,
+                f"no {EFA_RX_BYTES} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
+                "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
+            )
+        sleep(15.0)
+        waited += 15.0
+
+
 def run(args: argparse.Namespace) -> int:
     from kubernetes import client, config
 
@@ -190,11 +249,28 @@ def run(args: argparse.Namespace) -> int:
     except httpx.HTTPError as error:
         checks.append(Check("replica placement", False, f"Ray dashboard unreachable ({error}); port-forward 8265"))
     if not args.skip_http:
+        sent = datetime.datetime.now(datetime.UTC)
         try:
             report = check_endpoint(args.endpoint, settings.model_id)
             checks.append(Check("endpoint", True, f"models {report.models}; TTFT {report.ttft_s * 1000:.0f} ms"))
+            if settings.observability:
+                checks.append(_efa_check(args, settings, sent))
         except (EndpointFailed, httpx.HTTPError) as error:
             checks.append(Check("endpoint", False, f"{error}; port-forward 8000"))
     rows = [[c.name, "[green]ok[/green]" if c.passed else "[red]FAIL[/red]", c.detail] for c in checks]
     console.print(table("Verify", ["check", "result", "detail"], rows))
     return 0 if all(c.passed for c in checks) else 1
+
+
+def _efa_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
+    import boto3
+    import botocore.exceptions
+
+    try:
+        session = boto3.Session(profile_name=args.profile, region_name=settings.region)
+        cloudwatch = session.client("cloudwatch")
+        return check_efa_traffic(cloudwatch, settings.cluster_name, sent, args.efa_wait_s)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        return Check(
+            "KV over EFA", False, f"CloudWatch unreadable ({error}). Fix: credentials with cloudwatch:GetMetricData"
+        )

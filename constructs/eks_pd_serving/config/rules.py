@@ -61,6 +61,16 @@ def check_all(config: DeploymentConfig) -> None:
             "shipped here is the release's commercial-partition one (arn:aws:...). Fix: use "
             "endpoint_exposure=port-forward in this partition"
         )
+    if config.alarm_email and not config.observability:
+        raise ValueError(
+            f"alarm_email={config.alarm_email!r} has no alarms to send with observability=false. "
+            "Fix: set observability=true, or remove alarm_email"
+        )
+    if "cloudwatch_addon_version" in config.model_fields_set and not config.observability:
+        raise ValueError(
+            f"cloudwatch_addon_version={config.cloudwatch_addon_version!r} has no add-on to pin with "
+            "observability=false. Fix: set observability=true, or remove cloudwatch_addon_version"
+        )
     _check_autoscaling(config)
     _check_gpus(config)
     _check_model(config)

@@ -154,6 +154,35 @@ class Settings(BaseModel):
         json_schema_extra=_hint("a whole number from 1 to 16"),
     )
 
+    # --- observability -------------------------------------------------------------------
+    observability: bool = Field(
+        True,
+        description=(
+            "The CloudWatch Observability add-on (Container Insights with GPU and EFA metrics, container "
+            "logs, the Ray pods' Prometheus metrics), a dashboard and alarms; false: none of it. Default: true."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
+    cloudwatch_addon_version: str = Field(
+        versions.CLOUDWATCH_OBSERVABILITY_ADDON_VERSION,
+        pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$",
+        description=(
+            "observability only: version of the amazon-cloudwatch-observability EKS add-on; "
+            "`preflight` asks EKS whether it is offered for kubernetes_version. "
+            f"Default: {versions.CLOUDWATCH_OBSERVABILITY_ADDON_VERSION}."
+        ),
+        json_schema_extra=_hint("an add-on version such as v6.4.0-eksbuild.1"),
+    )
+    alarm_email: str | None = Field(
+        None,
+        pattern=r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$",
+        description=(
+            "observability only: an address the alarms notify through an SNS topic (AWS e-mails it a "
+            "confirmation link first). Default: none (the alarms only change state)."
+        ),
+        json_schema_extra=_hint("one e-mail address such as ops@example.com"),
+    )
+
     # --- autoscaling (all off by default: the counts above stay fixed) ----------------------
     autoscaling: bool = Field(
         False,

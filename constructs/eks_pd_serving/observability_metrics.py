@@ -1,0 +1,214 @@
+"""Every metric and log name the observability constructs use, and the agent configuration that
+produces them. Pure data: the dashboard, the alarms, `cost` and the tests all read it from here.
+
+Three sources:
+
+- **Ray's Prometheus endpoint** (port ``metrics``, 8080, on every Ray pod; KubeRay v1.7 adds it),
+  scraped by one CloudWatch agent of the CloudWatch Observability add-on and sent as embedded
+  metric format (EMF) logs. The names are those the CPU rehearsal's endpoint exports
+  (``tests/fixtures/ray-metrics-catalogue.json``, refreshed by the rehearsal test). The agent
+  drops Prometheus histograms (AWS, "Prometheus metric type conversion by the CloudWatch
+  agent"), so only counters and gauges are listed: vLLM's time-to-first-token and inter-token
+  latency are histograms and cannot travel this path (README, Observability).
+- **Container Insights with enhanced observability** (namespace ``ContainerInsights``): the GPU
+  (DCGM) and EFA metrics per node, names and dimensions from AWS's "Amazon EKS and Kubernetes
+  Container Insights with enhanced observability metrics".
+- **Container logs** (Fluent Bit of the same add-on) in ``/aws/containerinsights/<cluster>/application``,
+  where the UCX fallback's log line is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+ADDON_NAME: Final = "amazon-cloudwatch-observability"
+# The namespace of the metrics this stack's agent publishes from Ray's endpoint.
+NAMESPACE: Final = "EksPdServing"
+CONTAINER_INSIGHTS: Final = "ContainerInsights"
+# KubeRay v1.7 (ray-operator/controllers/ray/utils/constant.go): MetricsPortName, DefaultMetricsPort.
+RAY_METRICS_PORT_NAME: Final = "metrics"
+RAY_METRICS_PORT: Final = 8080
+# One scrape a minute: CloudWatch's standard resolution, and one datapoint per series per period,
+# so a gauge's Sum over 60 s is the sum across replicas.
+SCRAPE_INTERVAL_S: Final = 60
+PERIOD_S: Final = 60
+# The scraping agent (a Deployment of the add-on's operator, in the add-on's namespace).
+ADDON_NAMESPACE: Final = "amazon-cloudwatch"
+SERVICE_ACCOUNT: Final = "cloudwatch-agent"
+RAY_SCRAPER_AGENT: Final = "cloudwatch-agent-ray"
+RAY_SCRAPE_JOB: Final = "ray"
+
+# The line NIXL logs when it falls back to UCX (TCP) instead of LIBFABRIC (EFA); the same line the
+# README and `verify` name. A filter pattern term in double quotes matches it as one phrase.
+UCX_LINE: Final = "Backend UCX was instantiated"
+UCX_FILTER_PATTERN: Final = f'"{UCX_LINE}"'
+UCX_METRIC: Final = "NixlUcxBackendLines"
+
+
+@dataclass(frozen=True)
+class RayMetric:
+    """One Ray/vLLM series family as Ray's endpoint exports it, and the dimensions it is
+    published with (beside ClusterName)."""
+
+    name: str
+    kind: str  # "counter" (published as per-scrape deltas) or "gauge"
+    dimensions: tuple[str, ...]
+    title: str
+
+
+# Serve's own metrics carry the deployment ("Prefill:<model>", "Decode:<model>", "OpenAiIngress"):
+# the per-phase view. vLLM's carry only a replica id; its prompt tokens split by source say the
+# phase (prefill computes, decode loads "external_kv_transfer" over NIXL).
+RAY_METRICS: Final = (
+    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), "Requests running"),
+    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), "Requests waiting"),
+    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), "Requests"),
+    RayMetric("ray_serve_deployment_replica_healthy", "gauge", ("deployment",), "Healthy replicas"),
+    RayMetric("ray_vllm_generation_tokens_total", "counter", (), "Generated tokens"),
+    RayMetric("ray_vllm_request_success_total", "counter", (), "Finished requests"),
+    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), "Prompt tokens by source"),
+)
+# Decode's prompt tokens loaded from prefill (the KV cache that crossed the network).
+KV_TRANSFER_SOURCE: Final = "external_kv_transfer"
+# Finished requests: the alarm's "requests were served".
+REQUESTS_SERVED: Final = "ray_vllm_request_success_total"
+
+# Container Insights with enhanced observability (AWS documentation cited above): every one is
+# published per node with dimensions ClusterName, InstanceId, NodeName, and per cluster with
+# ClusterName alone.
+NODE_DIMENSIONS: Final = ("ClusterName", "InstanceId", "NodeName")
+GPU_UTILIZATION: Final = "node_gpu_utilization"
+GPU_MEMORY_UTILIZATION: Final = "node_gpu_memory_utilization"
+EFA_RX_BYTES: Final = "node_efa_rx_bytes"
+EFA_TX_BYTES: Final = "node_efa_tx_bytes"
+CONTAINER_INSIGHTS_METRICS: Final = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, EFA_RX_BYTES, EFA_TX_BYTES)
+# NAT gateway bytes (AWS/NATGateway, per NatGatewayId): the model download and image pulls.
+NAT_METRICS: Final = ("BytesInFromDestination", "BytesOutToDestination")
+
+
+# Values each published dimension takes in the PD app, as the rehearsal's endpoint showed them:
+# deployment Prefill:<model>, Decode:<model>, OpenAiIngress; source local_compute,
+# external_kv_transfer. What `cost` multiplies by (more replicas add no series).
+DIMENSION_VALUES: Final = {"deployment": 3, "source": 2}
+
+
+def custom_metric_count() -> int:
+    """CloudWatch metrics the stack publishes: one per metric and dimension value, and the UCX
+    line count."""
+    count = 1
+    for metric in RAY_METRICS:
+        series = 1
+        for dimension in metric.dimensions:
+            series *= DIMENSION_VALUES[dimension]
+        count += series
+    return count
+
+
+def log_group_names(cluster_name: str) -> dict[str, str]:
+    """The groups the add-on writes to (Fluent Bit: application, dataplane, host; the agent:
+    performance for Container Insights, prometheus for our scrape). Created by the stack first,
+    or they would be created on first write, outside CloudFormation, and outlive it."""
+    return {
+        kind: f"/aws/containerinsights/{cluster_name}/{kind}"
+        for kind in ("application", "dataplane", "host", "performance", "prometheus")
+    }
+
+
+def scrape_config(cluster_name: str, namespace: str) -> dict[str, Any]:
+    """Prometheus scrape configuration: the Ray pods of ``namespace`` on their metrics port, only
+    the families in RAY_METRICS kept, each sample labelled with the cluster's name."""
+    keep = "|".join(metric.name for metric in RAY_METRICS)
+    return {
+        "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "10s"},
+        "scrape_configs": [
+            {
+                "job_name": RAY_SCRAPE_JOB,
+                "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+                "relabel_configs": [
+                    # KubeRay labels every Ray pod ray.io/is-ray-node=yes and names the port.
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_is_ray_node"],
+                        "regex": "yes",
+                        "action": "keep",
+                    },
+                    {
+                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                        "regex": RAY_METRICS_PORT_NAME,
+                        "action": "keep",
+                    },
+                    {"target_label": "ClusterName", "replacement": cluster_name},
+                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "PodName"},
+                ],
+                "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": f"({keep})", "action": "keep"}],
+            }
+        ],
+    }
+
+
+def emf_declarations() -> list[dict[str, Any]]:
+    """The agent's metric declarations: which scraped samples become CloudWatch metrics, with
+    which dimensions (everything else stays in the log events only)."""
+    declarations = []
+    for dimensions in sorted({metric.dimensions for metric in RAY_METRICS}):
+        names = [m.name for m in RAY_METRICS if m.dimensions == dimensions]
+        declarations.append(
+            {
+                "source_labels": ["job"],
+                "label_matcher": f"^{RAY_SCRAPE_JOB}$",
+                "dimensions": [["ClusterName", *dimensions]],
+                "metric_selectors": [f"^{name}$" for name in names],
+            }
+        )
+    return declarations
+
+
+def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> dict[str, Any]:
+    """Configuration values of the CloudWatch Observability add-on (its chart's values.yaml,
+    6.4.0): the chart's two default agents, the node agent with an explicit Container Insights
+    config (enhanced, with GPU and EFA metrics; Application Signals left out, so the operator
+    injects no instrumentation into the Ray pods), and a third agent, a one-replica Deployment
+    off the host network, that scrapes the Ray pods."""
+    return {
+        "agents": [
+            {
+                "name": SERVICE_ACCOUNT,
+                "config": {
+                    "logs": {
+                        "metrics_collected": {
+                            "kubernetes": {"enhanced_container_insights": True, "accelerated_compute_metrics": True}
+                        }
+                    }
+                },
+            },
+            {"name": "cloudwatch-agent-cluster-scraper", "mode": "deployment", "config": "default"},
+            {
+                "name": RAY_SCRAPER_AGENT,
+                "mode": "deployment",
+                "replicas": 1,
+                # Off the host network: the serving namespace's NetworkPolicy admits this pod by
+                # its namespace to the metrics port, and nothing else.
+                "hostNetwork": False,
+                "resources": {
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                    "limits": {"cpu": "500m", "memory": "512Mi"},
+                },
+                "config": {
+                    "agent": {"region": region},
+                    "logs": {
+                        "metrics_collected": {
+                            "prometheus": {
+                                "cluster_name": cluster_name,
+                                "log_group_name": log_group_names(cluster_name)["prometheus"],
+                                "emf_processor": {
+                                    "metric_namespace": NAMESPACE,
+                                    "metric_declaration": emf_declarations(),
+                                },
+                            }
+                        }
+                    },
+                },
+                "prometheus": {"config": scrape_config(cluster_name, namespace)},
+            },
+        ]
+    }

@@ -1,0 +1,224 @@
+"""One CloudWatch dashboard for the deployment, and the two alarms that watch the KV path.
+
+- Per Serve deployment (prefill, decode, the OpenAI ingress): requests running, waiting and served
+  a minute, healthy replicas; for the engines: generated tokens a second and prompt tokens by
+  source (decode's ``external_kv_transfer`` tokens are the KV cache that came over NIXL).
+- Per GPU node: GPU and GPU-memory utilisation, EFA bytes received and sent; the NAT gateways'
+  bytes (the model download and image pulls).
+- ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
+  treat as an error.
+- ``KvNotOverEfa``: requests finished while the GPU nodes' EFA byte counters stood still.
+
+Both alarms notify an SNS topic when ``alarm_email`` is given.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from constructs import Construct
+
+from . import observability_metrics as om
+from ._private.kms import rotating_key
+
+WIDTH = 8
+HEIGHT = 6
+PERIOD = Duration.seconds(om.PERIOD_S)
+ALARM_PERIOD = Duration.minutes(5)
+
+
+def _search(namespace: str, dimensions: Sequence[str], metric: str, cluster_name: str, statistic: str) -> str:
+    schema = ",".join((namespace, *dimensions))  # the dimensions include ClusterName
+    return (
+        f"SEARCH('{{{schema}}} MetricName=\"{metric}\" ClusterName=\"{cluster_name}\"', '{statistic}', {om.PERIOD_S})"
+    )
+
+
+def _ray(metric: om.RayMetric, cluster_name: str) -> cw.MathExpression:
+    """One line per value of the metric's own dimensions (per deployment, per source)."""
+    statistic = "Sum"  # a counter's deltas, or a gauge scraped once a period: summed over replicas
+    return cw.MathExpression(
+        expression=_search(om.NAMESPACE, ("ClusterName", *metric.dimensions), metric.name, cluster_name, statistic),
+        using_metrics={},
+        period=PERIOD,
+    )
+
+
+def _cluster_total(namespace: str, metric: str, cluster_name: str, period: Duration) -> cw.Metric:
+    """The Sum of a metric over the whole cluster (its ClusterName-only dimension)."""
+    return cw.Metric(
+        namespace=namespace,
+        metric_name=metric,
+        dimensions_map={"ClusterName": cluster_name},
+        statistic="Sum",
+        period=period,
+    )
+
+
+def _per_node(metric: str, cluster_name: str, statistic: str = "Average") -> cw.MathExpression:
+    return cw.MathExpression(
+        expression=_search(om.CONTAINER_INSIGHTS, om.NODE_DIMENSIONS, metric, cluster_name, statistic),
+        using_metrics={},
+        period=PERIOD,
+    )
+
+
+class ServingDashboard(Construct):
+    """:param cluster_name: the cluster's name (every metric's ClusterName).
+    :param application_logs: the add-on's container log group (where the UCX line is counted).
+    :param nat_gateway_ids: the VPC's NAT gateways, when the stack made them. Default: none (the
+        NAT widget then shows every NAT gateway of the account and region, by search).
+    :param alarm_email: an address the alarms notify (SNS, KMS-encrypted). Default: none.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        cluster_name: str,
+        application_logs: logs.ILogGroup,
+        nat_gateway_ids: Sequence[str] = (),
+        alarm_email: str | None = None,
+    ) -> None:
+        super().__init__(scope, id)
+        by_name = {metric.name: metric for metric in om.RAY_METRICS}
+
+        # --- alarms -------------------------------------------------------------------------
+        ucx_namespace = f"{om.NAMESPACE}/{cluster_name}"
+        self.ucx_filter = logs.MetricFilter(
+            self,
+            "UcxLines",
+            log_group=application_logs,
+            filter_pattern=logs.FilterPattern.literal(om.UCX_FILTER_PATTERN),
+            metric_namespace=ucx_namespace,
+            metric_name=om.UCX_METRIC,
+            metric_value="1",
+        )
+        self.ucx_alarm = cw.Alarm(
+            self,
+            "UcxFallback",
+            alarm_description=(
+                f"{cluster_name}: a vLLM engine logged '{om.UCX_LINE}': NIXL moves the KV cache over "
+                "UCX (TCP), not LIBFABRIC (EFA). Check the EFA device plugin and the pods' "
+                "vpc.amazonaws.com/efa resources (README, Troubleshooting)."
+            ),
+            metric=self.ucx_filter.metric(statistic="Sum", period=ALARM_PERIOD),
+            threshold=1,
+            evaluation_periods=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        served = _cluster_total(om.NAMESPACE, om.REQUESTS_SERVED, cluster_name, ALARM_PERIOD)
+        efa_bytes = _cluster_total(om.CONTAINER_INSIGHTS, om.EFA_RX_BYTES, cluster_name, ALARM_PERIOD)
+        self.efa_alarm = cw.Alarm(
+            self,
+            "KvNotOverEfa",
+            alarm_description=(
+                f"{cluster_name}: requests finished while the GPU nodes' EFA byte counters did not move: "
+                "the KV cache is not crossing EFA (or Container Insights' EFA metrics are missing)."
+            ),
+            metric=cw.MathExpression(
+                expression="IF(served > 0 AND FILL(efa, 0) == 0, 1, 0)",
+                using_metrics={"served": served, "efa": efa_bytes},
+                period=ALARM_PERIOD,
+                label="requests served without EFA traffic",
+            ),
+            threshold=1,
+            evaluation_periods=2,
+            datapoints_to_alarm=2,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )
+        self.alarms = (self.ucx_alarm, self.efa_alarm)
+        self.topic: sns.Topic | None = None
+        if alarm_email:
+            key = rotating_key(self, "TopicKey", f"Encryption of {cluster_name}'s alarm topic")
+            # CloudWatch alarms publish to an encrypted topic with the key's data keys.
+            key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
+            self.topic = sns.Topic(self, "AlarmTopic", master_key=key, enforce_ssl=True)
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+            for alarm in self.alarms:
+                alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
+                alarm.add_ok_action(cw_actions.SnsAction(self.topic))
+
+        # --- dashboard ----------------------------------------------------------------------
+        def graph(title: str, metrics: list[cw.IMetric], unit: str = "") -> cw.GraphWidget:
+            return cw.GraphWidget(
+                title=title,
+                left=metrics,
+                width=WIDTH,
+                height=HEIGHT,
+                left_y_axis=cw.YAxisProps(label=unit, show_units=False, min=0),
+            )
+
+        tokens = _cluster_total(om.NAMESPACE, "ray_vllm_generation_tokens_total", cluster_name, PERIOD)
+        nat: list[cw.IMetric] = []
+        for name in om.NAT_METRICS:
+            if nat_gateway_ids:
+                nat += [
+                    cw.Metric(
+                        namespace="AWS/NATGateway",
+                        metric_name=name,
+                        dimensions_map={"NatGatewayId": gateway},
+                        statistic="Sum",
+                        period=PERIOD,
+                    )
+                    for gateway in nat_gateway_ids
+                ]
+            else:
+                search = f"SEARCH('{{AWS/NATGateway,NatGatewayId}} MetricName=\"{name}\"', 'Sum', {om.PERIOD_S})"
+                nat.append(cw.MathExpression(expression=search, using_metrics={}, period=PERIOD))
+
+        def ray(name: str) -> list[cw.IMetric]:
+            return [_ray(by_name[name], cluster_name)]
+
+        tokens_per_s = cw.MathExpression(
+            expression=f"tokens / {om.PERIOD_S}", using_metrics={"tokens": tokens}, label="tokens/s", period=PERIOD
+        )
+        intro = (
+            f"## {cluster_name}: prefill/decode serving\n"
+            "Serve deployments `Prefill:<model>` and `Decode:<model>` are the two phases. Time to first "
+            "token and inter-token latency are histograms, which the CloudWatch agent does not import "
+            "(README, Observability)."
+        )
+        self.dashboard = cw.Dashboard(
+            self,
+            "Resource",
+            dashboard_name=f"{cluster_name}-pd-serving",
+            default_interval=Duration.hours(3),
+            widgets=[
+                [cw.TextWidget(markdown=intro, width=3 * WIDTH, height=2)],
+                [
+                    graph("Requests running, per deployment", ray("ray_serve_replica_processing_queries")),
+                    graph("Requests waiting, per deployment", ray("ray_serve_deployment_queued_queries")),
+                    graph("Requests a minute, per deployment", ray("ray_serve_deployment_request_counter_total")),
+                ],
+                [
+                    graph("Healthy replicas, per deployment", ray("ray_serve_deployment_replica_healthy")),
+                    graph("Generated tokens a second", [tokens_per_s]),
+                    graph("Finished requests a minute (every engine)", ray("ray_vllm_request_success_total")),
+                ],
+                [
+                    graph("GPU utilisation per node", [_per_node(om.GPU_UTILIZATION, cluster_name)], "%"),
+                    graph("GPU memory utilisation per node", [_per_node(om.GPU_MEMORY_UTILIZATION, cluster_name)], "%"),
+                    graph(
+                        "Prompt tokens a minute, by source (external_kv_transfer: KV over NIXL)",
+                        ray("ray_vllm_prompt_tokens_by_source_total"),
+                    ),
+                ],
+                [
+                    graph("EFA bytes received per node", [_per_node(om.EFA_RX_BYTES, cluster_name, "Sum")], "bytes"),
+                    graph("EFA bytes sent per node", [_per_node(om.EFA_TX_BYTES, cluster_name, "Sum")], "bytes"),
+                    graph("NAT gateway bytes (model download, image pulls)", nat, "bytes"),
+                ],
+                [cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=3 * WIDTH, height=3)],
+            ],
+        )
