@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,22 @@ def logical_id(construct: Any) -> str:
     while not isinstance(node, cdk.CfnElement):
         node = node.node.default_child
     return cdk.Stack.of(node).get_logical_id(node)
+
+
+def log_filter_matches(pattern: str, lines: list[str]) -> list[str]:
+    """The container log lines a CloudWatch Logs filter pattern selects, by moto's implementation
+    of filter patterns (quoted terms), on events as the CloudWatch add-on's Fluent Bit writes them
+    to the application log group (one JSON record per line)."""
+    import boto3
+    from moto import mock_aws
+
+    now = int(time.time() * 1000)
+    with mock_aws():
+        logs = boto3.client("logs", region_name="us-east-1")
+        logs.create_log_group(logGroupName="application")
+        logs.create_log_stream(logGroupName="application", logStreamName="node")
+        records = [json.dumps({"log": line + "\n", "stream": "stderr"}) for line in lines]
+        events = [{"timestamp": now + i, "message": record} for i, record in enumerate(records)]
+        logs.put_log_events(logGroupName="application", logStreamName="node", logEvents=events)
+        found = logs.filter_log_events(logGroupName="application", filterPattern=pattern)["events"]
+    return [json.loads(event["message"])["log"].rstrip("\n") for event in found]

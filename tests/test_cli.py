@@ -455,3 +455,72 @@ def test_verify_efa_fails_with_the_addon_to_check_when_no_metric_arrives() -> No
     client, _ = efa_client([], [], [])
     check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
     assert not check.passed and "amazon-cloudwatch" in check.detail
+
+
+# --- preflight: the CloudWatch add-on's version and values, as EKS answers for them -----------
+# A schema written for these tests in the shape EKS returns (DescribeAddonConfiguration's
+# configurationSchema, JSON Schema draft 7), not EKS's own: none can be fetched from here.
+AGENT_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "mode": {"enum": ["daemonset", "deployment", "statefulset"]},
+        "replicas": {"type": "integer", "minimum": 1},
+        "hostNetwork": {"type": "boolean"},
+        "resources": {"type": "object"},
+        "config": {"type": ["object", "string"]},
+        "prometheus": {"type": "object", "properties": {"config": {"type": "object"}}},
+    },
+    "required": ["name"],
+    "additionalProperties": False,
+}
+ADDON_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "properties": {"agents": {"type": "array", "items": AGENT_SCHEMA}},
+    "additionalProperties": False,
+}
+
+
+def addon_client(offered: list[str], schema: dict[str, Any] | None = None) -> tuple[Any, Stubber]:
+    client = boto3.client("eks", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.add_response(
+        "describe_addon_versions",
+        {"addons": [{"addonName": "amazon-cloudwatch-observability", "addonVersions": [
+            {"addonVersion": v} for v in offered
+        ]}]},
+        {"addonName": "amazon-cloudwatch-observability", "kubernetesVersion": "1.35"},
+    )  # fmt: skip
+    if schema is not None:
+        stub.add_response(
+            "describe_addon_configuration",
+            {"addonName": "amazon-cloudwatch-observability", "addonVersion": offered[0],
+             "configurationSchema": json.dumps(schema)},
+            {"addonName": "amazon-cloudwatch-observability", "addonVersion": "v6.4.0-eksbuild.1"},
+        )  # fmt: skip
+    stub.activate()
+    return client, stub
+
+
+def test_preflight_passes_an_offered_addon_version_whose_schema_takes_the_values() -> None:
+    client, stub = addon_client(["v6.4.0-eksbuild.1", "v6.3.0-eksbuild.1"], ADDON_SCHEMA)
+    name, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
+    assert passed and "accepts the stack's values" in detail
+    stub.assert_no_pending_responses()
+
+
+def test_preflight_fails_an_addon_version_eks_does_not_offer_and_names_those_it_does() -> None:
+    client, _ = addon_client(["v6.5.0-eksbuild.1", "v6.3.0-eksbuild.2"])
+    _, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
+    assert not passed
+    assert "v6.4.0-eksbuild.1 is not offered for Kubernetes 1.35" in detail and "v6.5.0-eksbuild.1" in detail
+    assert "Fix: set cloudwatch_addon_version" in detail
+
+
+def test_preflight_fails_values_the_addons_schema_refuses_and_names_where() -> None:
+    strict = json.loads(json.dumps(ADDON_SCHEMA))
+    del strict["properties"]["agents"]["items"]["properties"]["prometheus"]  # a version without it
+    client, _ = addon_client(["v6.4.0-eksbuild.1"], strict)
+    _, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
+    assert not passed and "at agents/2" in detail and "'prometheus' was unexpected" in detail

@@ -30,11 +30,17 @@ ACCEPTED_WARNINGS = {
 @pytest.fixture(scope="module")
 def options_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The app with every option that adds AWS resources: the internal endpoint (controller, its
-    policy, the NLB Service) and autoscaling (Cluster Autoscaler, its policy, node group bounds)."""
-    return synth_assembly(tmp_path_factory.mktemp("cdk.out"), endpoint_exposure="internal", autoscaling=True)
+    policy, the NLB Service), autoscaling (Cluster Autoscaler, its policy, node group bounds) and
+    the alarms' SNS topic and its key (alarm_email)."""
+    return synth_assembly(
+        tmp_path_factory.mktemp("cdk.out"),
+        endpoint_exposure="internal",
+        autoscaling=True,
+        alarm_email="ops@example.com",
+    )
 
 
-@pytest.fixture(params=["default", "internal+autoscaling"])
+@pytest.fixture(params=["default", "internal+autoscaling+alarm_email"])
 def gated(request: pytest.FixtureRequest, template_file: Path) -> Path:
     """Each gate's clean run covers the default and every option at once."""
     if request.param == "default":

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from aws_cdk.assertions import Template
-from conftest import build_stack
-from moto import mock_aws
+from conftest import build_stack, log_filter_matches
 
 from eks_pd_serving import observability_metrics as om
 from eks_pd_serving import versions
@@ -242,26 +239,6 @@ def test_the_dashboard_url_is_an_output(observed: dict[str, Any]) -> None:
 
 
 # --- alarms ---------------------------------------------------------------------------------
-def _fluent_bit_record(line: str) -> str:
-    """A container log line as the add-on's Fluent Bit sends it to the application group."""
-    record = {"log": line + "\n", "stream": "stderr", "kubernetes": {"namespace_name": "inference"}}
-    return json.dumps(record)
-
-
-def _matches(pattern: str, lines: list[str]) -> list[str]:
-    """The lines a CloudWatch Logs filter pattern selects, by moto's implementation of filter
-    patterns (quoted terms), on events as Fluent Bit writes them."""
-    now = int(time.time() * 1000)
-    with mock_aws():
-        logs = boto3.client("logs", region_name=REGION)
-        logs.create_log_group(logGroupName="g")
-        logs.create_log_stream(logGroupName="g", logStreamName="s")
-        events = [{"timestamp": now + i, "message": _fluent_bit_record(line)} for i, line in enumerate(lines)]
-        logs.put_log_events(logGroupName="g", logStreamName="s", logEvents=events)
-        found = logs.filter_log_events(logGroupName="g", filterPattern=pattern)["events"]
-    return [json.loads(event["message"])["log"].rstrip("\n") for event in found]
-
-
 def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(observed: dict[str, Any]) -> None:
     (metric_filter,) = _of_type(observed, "AWS::Logs::MetricFilter").values()
     pattern = metric_filter["Properties"]["FilterPattern"]
@@ -272,9 +249,9 @@ def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(
     ucx_lines = [line for line in ucx if "Backend" in line]
     libfabric_lines = [line for line in libfabric if "Backend" in line]
     assert ucx_lines and libfabric_lines
-    assert _matches(pattern, ucx_lines + libfabric_lines) == ucx_lines
+    assert log_filter_matches(pattern, ucx_lines + libfabric_lines) == ucx_lines
     # A pattern that is not the logged phrase matches nothing: the check can fail.
-    assert _matches('"Backend UCX was selected"', ucx_lines) == []
+    assert log_filter_matches('"Backend UCX was selected"', ucx_lines) == []
 
 
 def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(observed: dict[str, Any]) -> None:

@@ -11,8 +11,9 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import ROOT
+from conftest import ROOT, log_filter_matches
 
+from eks_pd_serving import observability_metrics as om
 from rehearsal import profile
 
 PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))
@@ -101,6 +102,16 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     # The workers' RAY_LOG_TO_STDERR=1 (deployed env, not a local addition) puts the engines' NIXL
     # line on the process's own output, as it puts it in a pod's log for `kubectl logs` and verify.
     assert "Backend UCX was instantiated" in result.stdout + result.stderr
+    # The UCX alarm's filter pattern selects the lines this run's engines logged (UCX on CPU).
+    ucx_lines = [line for line in (result.stdout + result.stderr).splitlines() if om.UCX_LINE in line]
+    assert ucx_lines and log_filter_matches(om.UCX_FILTER_PATTERN, ucx_lines) == ucx_lines
+    # Ray's endpoint exports every family the dashboard charts, with the type and labels the stack
+    # publishes it by; the catalogue tests/test_observability.py reads says the same of them.
+    live = report["metrics"]
+    recorded = json.loads((ROOT / "tests" / "fixtures" / "ray-metrics-catalogue.json").read_text())["families"]
+    for metric in om.RAY_METRICS:
+        assert live[metric.name]["type"] == metric.kind == recorded[metric.name]["type"], metric.name
+        assert set(metric.dimensions) <= set(live[metric.name]["labels"]), metric.name
     assert leftovers(tmp_path) == [], "processes of the rehearsal outlived it"
 
 

@@ -6,7 +6,7 @@ Three sources:
 - **Ray's Prometheus endpoint** (port ``metrics``, 8080, on every Ray pod; KubeRay v1.7 adds it),
   scraped by one CloudWatch agent of the CloudWatch Observability add-on and sent as embedded
   metric format (EMF) logs. The names are those the CPU rehearsal's endpoint exports
-  (``tests/fixtures/ray-metrics-catalogue.json``, refreshed by the rehearsal test). The agent
+  (``tests/fixtures/ray-metrics-catalogue.json``; the rehearsal test compares it with every run). The agent
   drops Prometheus histograms (AWS, "Prometheus metric type conversion by the CloudWatch
   agent"), so only counters and gauges are listed: vLLM's time-to-first-token and inter-token
   latency are histograms and cannot travel this path (README, Observability).

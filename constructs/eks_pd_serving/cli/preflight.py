@@ -3,7 +3,9 @@
 Resolves the GPU AZ (the first AZ of the region that offers every GPU group's instance type),
 runs the checks the deploy-time custom resource runs (EFA support of each type, the AZ's
 offering, the G and VT on-demand vCPU quota less the vCPUs already running against every GPU
-group's need), checks the CDK bootstrap stack, then writes the AZs into cdk.context.json so the
+group's need), checks the CDK bootstrap stack and, with observability, that EKS offers the
+pinned CloudWatch add-on version for the Kubernetes version and accepts the stack's configuration
+values (the add-on's own JSON schema, from EKS), then writes the AZs into cdk.context.json so the
 next synth pins them.
 """
 
@@ -17,6 +19,7 @@ from typing import Any
 
 from ..capacity.checks import check_capacity, offered_azs
 from ..config import DeploymentConfig
+from ..observability_metrics import ADDON_NAME, addon_configuration
 from ._common import add_config_arguments, console, load_config, table
 
 BOOTSTRAP_STACK = "CDKToolkit"
@@ -82,9 +85,52 @@ def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str
     return gpu_az, [gpu_az, others[0]]
 
 
-def check(ec2: Any, quotas: Any, cloudformation: Any, config: DeploymentConfig, region: str) -> Result:
+def check_cloudwatch_addon(eks: Any, config: DeploymentConfig, region: str) -> tuple[str, bool, str]:
+    """Is ``cloudwatch_addon_version`` offered for ``kubernetes_version``, and do the stack's
+    configuration values validate against that version's schema? A wrong pin or a value the
+    add-on does not know fails the deploy after the cluster exists (about 20 minutes in)."""
+    import jsonschema
+
+    name, version, kubernetes = "CloudWatch add-on", config.cloudwatch_addon_version, config.kubernetes_version
+    offered: list[str] = []
+    for page in eks.get_paginator("describe_addon_versions").paginate(
+        addonName=ADDON_NAME, kubernetesVersion=kubernetes
+    ):
+        offered += [v["addonVersion"] for addon in page["addons"] for v in addon["addonVersions"]]
+    if version not in offered:
+        newest = ", ".join(offered[:3]) + (", ..." if len(offered) > 3 else "") or "none"
+        return (
+            name,
+            False,
+            f"{ADDON_NAME} {version} is not offered for Kubernetes {kubernetes} in {region} (offered: {newest}). "
+            "Fix: set cloudwatch_addon_version to one of them",
+        )
+    schema = json.loads(
+        eks.describe_addon_configuration(addonName=ADDON_NAME, addonVersion=version)["configurationSchema"]
+    )
+    values = addon_configuration(cluster_name=config.cluster_name, region=region, namespace=config.namespace)
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(values), key=lambda e: list(e.absolute_path))
+    if errors:
+        where = "/".join(map(str, errors[0].absolute_path)) or "(top)"
+        return (
+            name,
+            False,
+            f"{version} refuses the stack's configuration values at {where}: {errors[0].message}. "
+            "Fix: set cloudwatch_addon_version to a version whose schema has it, or observability=false",
+        )
+    return name, True, f"{ADDON_NAME} {version} is offered for {kubernetes} and accepts the stack's values"
+
+
+def check(
+    ec2: Any,
+    quotas: Any,
+    cloudformation: Any,
+    config: DeploymentConfig,
+    region: str,
+    eks: Any | None = None,
+) -> Result:
     """The deploy-time capacity checks (``capacity.checks``, the same code), on the AZ this
-    resolves, then the CDK bootstrap stack."""
+    resolves, then the CDK bootstrap stack and (``eks`` given, with observability) the add-on."""
     from botocore.exceptions import ClientError
 
     result = Result(region=region)
@@ -104,6 +150,8 @@ def check(ec2: Any, quotas: Any, cloudformation: Any, config: DeploymentConfig, 
                 f"no {BOOTSTRAP_STACK} stack. Fix: cdk bootstrap aws://<account>/{region}",
             )
         )
+    if eks is not None and config.observability:
+        result.checks.append(check_cloudwatch_addon(eks, config, region))
     return result
 
 
@@ -137,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             session.client("cloudformation"),
             config,
             region,
+            eks=session.client("eks"),
         )
     except PreflightFailed as error:
         console.print(f"preflight failed: {error}")
