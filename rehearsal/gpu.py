@@ -146,7 +146,7 @@ def run_bench(args: argparse.Namespace, host: gpu_profile.GpuHost, started: floa
         for name in args.layouts:
             config = layouts[name]
             log(f"== {name}: deploying")
-            ready_s = run.deploy(config, http_port, args.timeout_s)
+            ready_s = run.deploy(run.build(config), http_port, args.timeout_s)
             log(f"== {name}: healthy after {ready_s:.1f} s ({time.monotonic() - started:.1f} s since start)")
             base = f"http://127.0.0.1:{http_port}"
             records = asyncio.run(bench.run(base, model_id, tokenizer, WARM_UP))

@@ -123,16 +123,21 @@ def kill_marked(run_id: str) -> int:
     return len(victims)
 
 
-def deploy(serve_config: dict[str, Any], http_port: int, timeout_s: float) -> float:
-    """Build each application exactly as Serve would from its import path; wait until RUNNING."""
-    from ray import serve
+def build(serve_config: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """Each application built exactly as Serve would from its import path: Ray Serve LLM's
+    builders validate their arguments here, so a broken config fails before Ray starts."""
     from ray._common.utils import import_attr
+
+    return [(app, import_attr(app["import_path"])(app["args"])) for app in serve_config["applications"]]
+
+
+def deploy(built: list[tuple[dict[str, Any], Any]], http_port: int, timeout_s: float) -> float:
+    """Run the built applications; wait until every one is RUNNING."""
+    from ray import serve
 
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     started = time.monotonic()
-    for app in serve_config["applications"]:
-        builder = import_attr(app["import_path"])
-        application = builder(app["args"])
+    for app, application in built:
         serve.run(application, name=app["name"], route_prefix=app["route_prefix"], blocking=False)
     while True:
         status = serve.status().applications
@@ -168,10 +173,11 @@ def rehearse_both(
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     report: dict[str, Any] = {}
     control = control or profile.colocated_control(rehearsed)
+    phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
     with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
-        for name, config in (("pd", rehearsed), ("colocated", control)):
+        for name, config, built in phases:
             log(f"== {name}: deploying")
-            ready_s = deploy(config, http_port, timeout_s)
+            ready_s = deploy(built, http_port, timeout_s)
             since_start = time.monotonic() - started
             log(f"== {name}: healthy after {ready_s:.1f} s ({since_start:.1f} s since start)")
             report[name] = run_probes(endpoint, PROMPTS)
