@@ -505,7 +505,7 @@ def addon_client(offered: list[str], schema: dict[str, Any] | None = None) -> tu
 
 def test_preflight_passes_an_offered_addon_version_whose_schema_takes_the_values() -> None:
     client, stub = addon_client(["v6.4.0-eksbuild.1", "v6.3.0-eksbuild.1"], ADDON_SCHEMA)
-    name, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
+    _, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
     assert passed and "accepts the stack's values" in detail
     stub.assert_no_pending_responses()
 
