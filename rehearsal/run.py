@@ -124,8 +124,8 @@ def kill_marked(run_id: str) -> int:
 
 
 def build(serve_config: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
-    """Each application built exactly as Serve would from its import path: Ray Serve LLM's
-    builders validate their arguments here, so a broken config fails before Ray starts."""
+    """Each application built exactly as Serve would from its import path (Ray Serve LLM's
+    builders validate their arguments here). Needs Ray up: a builder may otherwise start one."""
     from ray._common.utils import import_attr
 
     return [(app, import_attr(app["import_path"])(app["args"])) for app in serve_config["applications"]]
@@ -173,8 +173,10 @@ def rehearse_both(
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     report: dict[str, Any] = {}
     control = control or profile.colocated_control(rehearsed)
-    phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
     with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
+        # Built first, with Ray up (building can start a Ray of its own otherwise): a broken
+        # config fails before anything deploys.
+        phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
         for name, config, built in phases:
             log(f"== {name}: deploying")
             ready_s = deploy(built, http_port, timeout_s)
