@@ -107,16 +107,16 @@ REHEARSAL_ENV := $(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/
 deps:
 	$(MAKE) --no-print-directory -j5 $(TEST_DEPS)
 
-# On a fresh machine the rehearsal's virtualenv installs while lint and every other test run;
-# the rehearsal tests follow. Two pytest summaries; both must pass.
+# On a fresh machine the rehearsal's virtualenv (the longest install) starts first and installs
+# while the other environments install and lint and every other test run; the rehearsal tests
+# follow. Two pytest summaries; both must pass.
 test:
-	$(MAKE) --no-print-directory -j4 $(CORE_DEPS)
-	$(MAKE) --no-print-directory -j2 $(VENV_REHEARSE)/.deps test-core
+	$(MAKE) --no-print-directory -j5 $(VENV_REHEARSE)/.deps test-core
 	$(REHEARSAL_ENV) $(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
 
 # Two workers, one test file each at a time: most tests wait on jsii's node process or a
 # subprocess, so one core would otherwise sit idle once the rehearsal's virtualenv is installed.
-test-core: lint
+test-core: lint $(CORE_DEPS)
 	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadfile --durations=10 --ignore=tests/test_rehearsal.py
 
 clean:
