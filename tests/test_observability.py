@@ -208,8 +208,11 @@ def test_every_ray_metric_on_the_dashboard_is_exported_by_ray_and_imported_by_th
     assert unexported(named, CATALOGUE) == []
     for metric in om.RAY_METRICS:
         assert CATALOGUE[metric.name]["type"] == metric.kind
-        # The dimensions it is published with are labels Ray really puts on it.
-        assert set(metric.dimensions) <= set(CATALOGUE[metric.name]["labels"])
+        # The dimensions it is published with are labels Ray really puts on it, with as many
+        # values as `cost` counts series.
+        labels = CATALOGUE[metric.name]["labels"]
+        assert set(metric.dimensions) <= set(labels)
+        assert metric.series == max([len(labels[d]) for d in metric.dimensions], default=1), metric.name
 
 
 def test_the_check_fails_on_a_histogram_or_a_name_ray_does_not_export() -> None:

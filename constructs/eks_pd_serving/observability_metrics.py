@@ -55,19 +55,23 @@ class RayMetric:
     kind: str  # "counter" (published as per-scrape deltas) or "gauge"
     dimensions: tuple[str, ...]
     title: str
+    # CloudWatch metrics it becomes in the PD app: one per value of its dimension, as the
+    # rehearsal's endpoint showed them (deployments Prefill:<model>, Decode:<model>, OpenAiIngress;
+    # sources local_compute, external_kv_transfer). What `cost` counts.
+    series: int = 1
 
 
 # Serve's own metrics carry the deployment ("Prefill:<model>", "Decode:<model>", "OpenAiIngress"):
 # the per-phase view. vLLM's carry only a replica id; its prompt tokens split by source say the
 # phase (prefill computes, decode loads "external_kv_transfer" over NIXL).
 RAY_METRICS: Final = (
-    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), "Requests running"),
-    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), "Requests waiting"),
-    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), "Requests"),
-    RayMetric("ray_serve_deployment_replica_healthy", "gauge", ("deployment",), "Healthy replicas"),
+    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), "Requests running", 3),
+    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), "Requests waiting", 3),
+    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), "Requests", 3),
+    RayMetric("ray_serve_deployment_replica_healthy", "gauge", ("deployment",), "Healthy replicas", 2),
     RayMetric("ray_vllm_generation_tokens_total", "counter", (), "Generated tokens"),
     RayMetric("ray_vllm_request_success_total", "counter", (), "Finished requests"),
-    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), "Prompt tokens by source"),
+    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), "Prompt tokens by source", 2),
 )
 # Decode's prompt tokens loaded from prefill (the KV cache that crossed the network).
 KV_TRANSFER_SOURCE: Final = "external_kv_transfer"
@@ -87,22 +91,10 @@ CONTAINER_INSIGHTS_METRICS: Final = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, EF
 NAT_METRICS: Final = ("BytesInFromDestination", "BytesOutToDestination")
 
 
-# Values each published dimension takes in the PD app, as the rehearsal's endpoint showed them:
-# deployment Prefill:<model>, Decode:<model>, OpenAiIngress; source local_compute,
-# external_kv_transfer. What `cost` multiplies by (more replicas add no series).
-DIMENSION_VALUES: Final = {"deployment": 3, "source": 2}
-
-
 def custom_metric_count() -> int:
-    """CloudWatch metrics the stack publishes: one per metric and dimension value, and the UCX
-    line count."""
-    count = 1
-    for metric in RAY_METRICS:
-        series = 1
-        for dimension in metric.dimensions:
-            series *= DIMENSION_VALUES[dimension]
-        count += series
-    return count
+    """CloudWatch metrics the stack publishes: each Ray metric's series (more replicas add none),
+    and the UCX line count."""
+    return 1 + sum(metric.series for metric in RAY_METRICS)
 
 
 def log_group_names(cluster_name: str) -> dict[str, str]:
