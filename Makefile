@@ -48,8 +48,10 @@ $(VENV_CHECKOV)/.deps: requirements-checkov.txt
 	$(VENV_CHECKOV)/bin/python -m pip install -q -r requirements-checkov.txt
 	touch $@
 
+# At the lowest CPU priority: in `make test` it installs beside everything else and takes only
+# the CPU they leave (lint and the tests mostly wait on node and subprocesses).
 $(VENV_REHEARSE)/.deps: rehearsal/requirements.txt rehearsal/constraints.txt rehearsal/install.sh
-	PYTHON=$(PYTHON) rehearsal/install.sh $(VENV_REHEARSE)
+	PYTHON=$(PYTHON) nice -n 19 rehearsal/install.sh $(VENV_REHEARSE)
 	touch $@
 
 node_modules/.deps: package.json package-lock.json
@@ -107,9 +109,9 @@ REHEARSAL_ENV := $(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/
 deps:
 	$(MAKE) --no-print-directory -j5 $(TEST_DEPS)
 
-# On a fresh machine the rehearsal's virtualenv (the longest install) starts first and installs
-# while the other environments install and lint and every other test run; the rehearsal tests
-# follow. Two pytest summaries; both must pass.
+# On a fresh machine the rehearsal's virtualenv (the longest install) starts at once, at the
+# lowest priority, while the other environments install and lint and every other test run; the
+# rehearsal tests follow. Two pytest summaries; both must pass.
 test:
 	$(MAKE) --no-print-directory -j5 $(VENV_REHEARSE)/.deps test-core
 	$(REHEARSAL_ENV) $(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
