@@ -111,10 +111,11 @@ deps:
 
 # On a fresh machine the rehearsal's virtualenv (the longest install) starts at once, at the
 # lowest priority, while the other environments install and lint and every other test run; the
-# rehearsal tests follow. Two pytest summaries; both must pass.
+# rehearsal tests follow, the short ones (a broken config, no GPU) on a second worker beside the
+# long one. Two pytest summaries; both must pass.
 test:
 	$(MAKE) --no-print-directory -j5 $(VENV_REHEARSE)/.deps test-core
-	$(REHEARSAL_ENV) $(PY) -m pytest --durations=5 $(REHEARSAL_TESTS)
+	$(REHEARSAL_ENV) $(PY) -m pytest -n 2 --dist load --durations=5 $(REHEARSAL_TESTS)
 
 # Two workers, one test file each at a time: most tests wait on jsii's node process or a
 # subprocess, so one core would otherwise sit idle once the rehearsal's virtualenv is installed.

@@ -1,7 +1,7 @@
 """One CloudWatch dashboard for the deployment, and the two alarms that watch the KV path.
 
 - Per Serve deployment (prefill, decode, the OpenAI ingress): requests running, waiting and served
-  a minute, healthy replicas; for the engines: generated tokens a second and prompt tokens by
+  a minute; for the engines: generated tokens a second, finished requests and prompt tokens by
   source (decode's ``external_kv_transfer`` tokens are the KV cache that came over NIXL).
 - Per GPU node: GPU and GPU-memory utilisation, EFA bytes received and sent; the NAT gateways'
   bytes (the model download and image pulls).
@@ -202,23 +202,22 @@ class ServingDashboard(Construct):
                     graph("Requests a minute, per deployment", ray("ray_serve_deployment_request_counter_total")),
                 ],
                 [
-                    graph("Healthy replicas, per deployment", ray("ray_serve_deployment_replica_healthy")),
                     graph("Generated tokens a second", [tokens_per_s]),
                     graph("Finished requests a minute (every engine)", ray("ray_vllm_request_success_total")),
-                ],
-                [
-                    graph("GPU utilisation per node", [_per_node(om.GPU_UTILIZATION, cluster_name)], "%"),
-                    graph("GPU memory utilisation per node", [_per_node(om.GPU_MEMORY_UTILIZATION, cluster_name)], "%"),
                     graph(
                         "Prompt tokens a minute, by source (external_kv_transfer: KV over NIXL)",
                         ray("ray_vllm_prompt_tokens_by_source_total"),
                     ),
                 ],
                 [
+                    graph("GPU utilisation per node", [_per_node(om.GPU_UTILIZATION, cluster_name)], "%"),
+                    graph("GPU memory utilisation per node", [_per_node(om.GPU_MEMORY_UTILIZATION, cluster_name)], "%"),
+                    cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=WIDTH, height=HEIGHT),
+                ],
+                [
                     graph("EFA bytes received per node", [_per_node(om.EFA_RX_BYTES, cluster_name, "Sum")], "bytes"),
                     graph("EFA bytes sent per node", [_per_node(om.EFA_TX_BYTES, cluster_name, "Sum")], "bytes"),
                     graph("NAT gateway bytes (model download, image pulls)", nat, "bytes"),
                 ],
-                [cw.AlarmStatusWidget(title="Alarms", alarms=list(self.alarms), width=3 * WIDTH, height=3)],
             ],
         )
