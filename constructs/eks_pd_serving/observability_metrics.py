@@ -54,7 +54,6 @@ class RayMetric:
     name: str
     kind: str  # "counter" (published as per-scrape deltas) or "gauge"
     dimensions: tuple[str, ...]
-    title: str
     # CloudWatch metrics it becomes in the PD app: one per value of its dimension, as the
     # rehearsal's endpoint showed them (deployments Prefill:<model>, Decode:<model>, OpenAiIngress;
     # sources local_compute, external_kv_transfer). What `cost` counts.
@@ -67,12 +66,12 @@ class RayMetric:
 # the per-phase view. vLLM's carry only a replica id; its prompt tokens split by source say the
 # phase (prefill computes, decode loads "external_kv_transfer" over NIXL).
 RAY_METRICS: Final = (
-    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), "Requests running", 3),
-    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), "Requests waiting", 3),
-    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), "Requests", 3),
-    RayMetric("ray_vllm_generation_tokens_total", "counter", (), "Generated tokens"),
-    RayMetric("ray_vllm_request_success_total", "counter", (), "Finished requests"),
-    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), "Prompt tokens by source", 2),
+    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), 3),
+    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), 3),
+    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), 3),
+    RayMetric("ray_vllm_generation_tokens_total", "counter", ()),
+    RayMetric("ray_vllm_request_success_total", "counter", ()),
+    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), 2),
 )
 # Decode's prompt tokens loaded from prefill (the KV cache that crossed the network).
 KV_TRANSFER_SOURCE: Final = "external_kv_transfer"
