@@ -80,6 +80,28 @@ def metric_catalogue(metrics_url: str) -> dict[str, dict[str, Any]]:
     return dict(sorted(families.items()))
 
 
+def worker_joins(metrics_url: str, histograms: list[str], join: str) -> dict[str, dict[str, Any]]:
+    """For each vLLM histogram: the workers that observed something, and the Serve deployments
+    those workers join to through ``join``'s WorkerId label (the join the dashboard's PromQL makes,
+    as Ray's own Serve LLM dashboard does). Proves a per-phase query can attribute every series."""
+    deployment_of: dict[str, str] = {}
+    observed: dict[str, set[str]] = {family: set() for family in histograms}
+    for name, labels, value in _samples(metrics_url):
+        if name == join and labels.get("WorkerId"):
+            deployment_of[labels["WorkerId"]] = labels.get("deployment", "")
+        for family in histograms:
+            if name == f"{family}_count" and value > 0:
+                observed[family].add(labels.get("WorkerId", ""))
+    return {
+        family: {
+            "workers": len(workers),
+            "unjoined": sorted(w for w in workers if w not in deployment_of),
+            "deployments": sorted({deployment_of[w].split(":")[0] for w in workers if w in deployment_of}),
+        }
+        for family, workers in observed.items()
+    }
+
+
 def engine_counters(metrics_url: str) -> dict[str, float]:
     """The KV counters summed over every engine replica, from Ray's Prometheus endpoint."""
     totals = dict.fromkeys(COUNTERS, 0.0)

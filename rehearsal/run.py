@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.endpoint_check import check_endpoint
+from eks_pd_serving.observability_metrics import JOIN_METRIC, OTLP_METRICS
 
 from . import autoscale, profile, tiny_checkpoint, verdict
-from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes
+from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins
 
 MARKER = "EKS_PD_REHEARSAL_RUN"
 PROMPTS = [
@@ -193,6 +194,8 @@ def rehearse_both(
                 # After traffic, so the request and KV families exist: the dashboard's metric
                 # names are checked against this (tests/test_observability.py).
                 report["metrics"] = metric_catalogue(endpoint.metrics_url)
+                histograms = [family for family, kind in OTLP_METRICS if kind == "histogram"]
+                report["metric_joins"] = worker_joins(endpoint.metrics_url, histograms, JOIN_METRIC)
             undeploy(config)
     return report
 

@@ -470,6 +470,9 @@ AGENT_SCHEMA = {
         "resources": {"type": "object"},
         "config": {"type": ["object", "string"]},
         "prometheus": {"type": "object", "properties": {"config": {"type": "object"}}},
+        # The chart's values.yaml (6.4.0): "optional YAML config ... combined with the
+        # build-default-otel-config output", a map or a YAML string.
+        "otelConfig": {"type": ["object", "string"]},
     },
     "required": ["name"],
     "additionalProperties": False,

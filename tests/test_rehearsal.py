@@ -112,6 +112,13 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     for metric in om.RAY_METRICS:
         assert live[metric.name]["type"] == metric.kind == recorded[metric.name]["type"], metric.name
         assert set(metric.dimensions) <= set(live[metric.name]["labels"]), metric.name
+    # The dashboard's PromQL attributes vLLM's series to a phase by joining their WorkerId to
+    # Serve's request counter: every worker that observed a latency or transfer joins to Prefill or
+    # Decode, and time to first token is seen in both phases.
+    joins = report["metric_joins"]
+    for family, joined in joins.items():
+        assert joined["unjoined"] == [] and set(joined["deployments"]) <= {"Prefill", "Decode"}, (family, joined)
+    assert joins["ray_vllm_time_to_first_token_seconds"]["deployments"] == ["Decode", "Prefill"]
     assert leftovers(tmp_path) == [], "processes of the rehearsal outlived it"
 
 

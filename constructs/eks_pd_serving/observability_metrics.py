@@ -7,9 +7,14 @@ Three sources:
   scraped by one CloudWatch agent of the CloudWatch Observability add-on and sent as embedded
   metric format (EMF) logs. The names are those the CPU rehearsal's endpoint exports
   (``tests/fixtures/ray-metrics-catalogue.json``; the rehearsal test compares it with every run). The agent
-  drops Prometheus histograms (AWS, "Prometheus metric type conversion by the CloudWatch
-  agent"), so only counters and gauges are listed: vLLM's time-to-first-token and inter-token
-  latency are histograms and cannot travel this path (README, Observability).
+  drops Prometheus histograms on this path (AWS, "Prometheus metric type conversion by the
+  CloudWatch agent"), so only counters and gauges are listed here.
+- **The same endpoint, as OpenTelemetry metrics**: vLLM's time to first token, inter-token latency
+  and NIXL transfers are histograms. The same agent scrapes them a second time in an
+  OpenTelemetry pipeline (the chart's per-agent ``otelConfig``) and sends them to CloudWatch's OTLP
+  endpoint (AWS, "Send metrics using OpenTelemetry"), where they keep buckets and labels and are
+  queried with PromQL: p50/p99 per Serve deployment, the query shapes of Ray's own Serve LLM
+  dashboard (``PROMQL_PANELS``).
 - **Container Insights with enhanced observability** (namespace ``ContainerInsights``): the GPU
   (DCGM) and EFA metrics per node, names and dimensions from AWS's "Amazon EKS and Kubernetes
   Container Insights with enhanced observability metrics".
@@ -19,6 +24,7 @@ Three sources:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -91,6 +97,132 @@ CONTAINER_INSIGHTS_METRICS: Final = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, EF
 NAT_METRICS: Final = ("BytesInFromDestination", "BytesOutToDestination")
 
 
+# --- OpenTelemetry path: histograms, queried with PromQL -------------------------------------
+# The families sent to CloudWatch's OTLP endpoint, with their Prometheus types as Ray's endpoint
+# exports them (the rehearsal's catalogue holds each, with these types). The request counter is
+# there for its labels: vLLM's series carry only a WorkerId, and Serve's counter maps each
+# WorkerId to its deployment, the join Ray's own dashboard makes.
+OTLP_METRICS: Final = (
+    ("ray_vllm_time_to_first_token_seconds", "histogram"),
+    ("ray_vllm_inter_token_latency_seconds", "histogram"),
+    ("ray_vllm_nixl_xfer_time_seconds", "histogram"),
+    ("ray_vllm_nixl_bytes_transferred", "histogram"),
+    ("ray_vllm_generation_tokens_total", "counter"),
+    ("ray_serve_deployment_request_counter_total", "counter"),
+)
+OTLP_SCRAPE_JOB: Final = "ray-otlp"
+# AWS's advice for an appended collector configuration: a suffix on every component and pipeline
+# name, so none collides with what the agent (or the chart) generates.
+OTEL_SUFFIX: Final = "eks_pd_serving"
+# The window every rate in the queries below takes: five scrapes.
+PROMQL_WINDOW: Final = "5m"
+# The join Ray's Serve LLM dashboard uses (ray/dashboard/modules/metrics/dashboards/
+# serve_llm_dashboard_panels.py, Ray 2.58: _WORKER_JOIN): a constant-1 table keyed by WorkerId
+# that lends each vLLM series its deployment and replica.
+JOIN_METRIC: Final = "ray_serve_deployment_request_counter_total"
+
+
+def _selector(name: str, cluster_name: str) -> str:
+    return f'{name}{{ClusterName="{cluster_name}"}}'
+
+
+def _worker_join(cluster_name: str) -> str:
+    return (
+        " * on(WorkerId) group_left(deployment, replica) "
+        f"max by(WorkerId, deployment, replica) ({_selector(JOIN_METRIC, cluster_name)} * 0 + 1)"
+    )
+
+
+def _rate(name: str, cluster_name: str) -> str:
+    return f"sum by(WorkerId) (rate({_selector(name, cluster_name)}[{PROMQL_WINDOW}]))"
+
+
+def percentile_query(histogram: str, quantile: float, cluster_name: str) -> str:
+    """Ray's ``_percentile_with_join`` in native-histogram form: CloudWatch stores an OpenTelemetry
+    explicit-bucket histogram as an exponential one (AWS, "How CloudWatch stores histogram
+    metrics"), which PromQL reads without the classic ``_bucket``/``_count`` series or ``le``."""
+    return (
+        f"(histogram_quantile({quantile}, {_rate(histogram, cluster_name)})"
+        f" and on(WorkerId) (histogram_count({_rate(histogram, cluster_name)}) > 0))" + _worker_join(cluster_name)
+    )
+
+
+def rate_query(name: str, cluster_name: str, of: str = "") -> str:
+    """Ray's ``_rate_with_join``: a counter's rate per replica, or, with ``of`` ("count" or
+    "sum"), the rate of a histogram's observations or of their sum."""
+    rate = _rate(name, cluster_name)
+    return (f"histogram_{of}({rate})" if of else rate) + _worker_join(cluster_name)
+
+
+@dataclass(frozen=True)
+class PromqlPanel:
+    """One chart's worth of PromQL: what it shows, and the query per line."""
+
+    title: str
+    queries: tuple[tuple[str, str], ...]  # (legend, PromQL)
+
+
+def promql_panels(cluster_name: str) -> tuple[PromqlPanel, ...]:
+    """Latency, throughput and KV transfer per Serve deployment (one line per replica, labelled
+    with its deployment: Prefill:<model> or Decode:<model>)."""
+    ttft, itl = "ray_vllm_time_to_first_token_seconds", "ray_vllm_inter_token_latency_seconds"
+    xfer, xfer_bytes = "ray_vllm_nixl_xfer_time_seconds", "ray_vllm_nixl_bytes_transferred"
+    return (
+        PromqlPanel(
+            "Time to first token (s), p50 and p99",
+            (("p50", percentile_query(ttft, 0.5, cluster_name)), ("p99", percentile_query(ttft, 0.99, cluster_name))),
+        ),
+        PromqlPanel(
+            "Inter-token latency (s), p50 and p99",
+            (("p50", percentile_query(itl, 0.5, cluster_name)), ("p99", percentile_query(itl, 0.99, cluster_name))),
+        ),
+        PromqlPanel(
+            "Generated tokens a second", (("tokens/s", rate_query("ray_vllm_generation_tokens_total", cluster_name)),)
+        ),
+        PromqlPanel(
+            "KV transfers (NIXL): transfers a second, bytes a second, transfer time p99 (s)",
+            (
+                ("transfers/s", rate_query(xfer, cluster_name, of="count")),
+                ("bytes/s", rate_query(xfer_bytes, cluster_name, of="sum")),
+                ("p99 s", percentile_query(xfer, 0.99, cluster_name)),
+            ),
+        ),
+    )
+
+
+def otel_config(cluster_name: str, region: str, namespace: str) -> dict[str, Any]:
+    """The Ray scraper's OpenTelemetry pipeline: a Prometheus receiver on the same pods (only
+    OTLP_METRICS), batched, exported over OTLP/HTTP to CloudWatch's metrics endpoint with SigV4
+    (service ``monitoring``), as the chart's own OpenTelemetry Container Insights pipeline does
+    (templates/linux/_otel-container-insights-config.tpl, 6.4.0). The add-on's role already has
+    CloudWatchAgentServerPolicy, the policy AWS names for this endpoint."""
+    name = f"/{OTEL_SUFFIX}"
+    job = _ray_scrape_job(OTLP_SCRAPE_JOB, cluster_name, namespace, [family for family, _ in OTLP_METRICS])
+    job |= {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "10s"}
+    return {
+        "extensions": {f"sigv4auth{name}": {"region": region, "service": "monitoring"}},
+        "receivers": {f"prometheus{name}": {"config": {"scrape_configs": [job]}}},
+        "processors": {f"batch{name}": {}},
+        "exporters": {
+            f"otlphttp{name}": {
+                "endpoint": f"https://monitoring.{region}.amazonaws.com:443",
+                "tls": {"insecure": False},
+                "auth": {"authenticator": f"sigv4auth{name}"},
+            }
+        },
+        "service": {
+            "extensions": [f"sigv4auth{name}"],
+            "pipelines": {
+                f"metrics{name}": {
+                    "receivers": [f"prometheus{name}"],
+                    "processors": [f"batch{name}"],
+                    "exporters": [f"otlphttp{name}"],
+                }
+            },
+        },
+    }
+
+
 def custom_metric_count() -> int:
     """CloudWatch metrics the stack publishes: each Ray metric's series (more replicas add none),
     and the UCX line count."""
@@ -107,33 +239,38 @@ def log_group_names(cluster_name: str) -> dict[str, str]:
     }
 
 
+def _ray_scrape_job(job_name: str, cluster_name: str, namespace: str, families: Sequence[str]) -> dict[str, Any]:
+    """One scrape job: the Ray pods of ``namespace`` on their metrics port, only ``families``
+    kept, each sample labelled with the cluster's name."""
+    keep = "|".join(families)
+    return {
+        "job_name": job_name,
+        "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+        "relabel_configs": [
+            # KubeRay labels every Ray pod ray.io/is-ray-node=yes and names the port.
+            {
+                "source_labels": ["__meta_kubernetes_pod_label_ray_io_is_ray_node"],
+                "regex": "yes",
+                "action": "keep",
+            },
+            {
+                "source_labels": ["__meta_kubernetes_pod_container_port_name"],
+                "regex": RAY_METRICS_PORT_NAME,
+                "action": "keep",
+            },
+            {"target_label": "ClusterName", "replacement": cluster_name},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "PodName"},
+        ],
+        "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": f"({keep})", "action": "keep"}],
+    }
+
+
 def scrape_config(cluster_name: str, namespace: str) -> dict[str, Any]:
-    """Prometheus scrape configuration: the Ray pods of ``namespace`` on their metrics port, only
-    the families in RAY_METRICS kept, each sample labelled with the cluster's name."""
-    keep = "|".join(metric.name for metric in RAY_METRICS)
+    """Prometheus scrape configuration of the classic (EMF) path: the families in RAY_METRICS."""
     return {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "10s"},
         "scrape_configs": [
-            {
-                "job_name": RAY_SCRAPE_JOB,
-                "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
-                "relabel_configs": [
-                    # KubeRay labels every Ray pod ray.io/is-ray-node=yes and names the port.
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_label_ray_io_is_ray_node"],
-                        "regex": "yes",
-                        "action": "keep",
-                    },
-                    {
-                        "source_labels": ["__meta_kubernetes_pod_container_port_name"],
-                        "regex": RAY_METRICS_PORT_NAME,
-                        "action": "keep",
-                    },
-                    {"target_label": "ClusterName", "replacement": cluster_name},
-                    {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "PodName"},
-                ],
-                "metric_relabel_configs": [{"source_labels": ["__name__"], "regex": f"({keep})", "action": "keep"}],
-            }
+            _ray_scrape_job(RAY_SCRAPE_JOB, cluster_name, namespace, [metric.name for metric in RAY_METRICS])
         ],
     }
 
@@ -201,6 +338,7 @@ def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> di
                     },
                 },
                 "prometheus": {"config": scrape_config(cluster_name, namespace)},
+                "otelConfig": otel_config(cluster_name, region, namespace),
             },
         ]
     }

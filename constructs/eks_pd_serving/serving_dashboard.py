@@ -70,6 +70,24 @@ def _per_node(metric: str, cluster_name: str, statistic: str = "Average") -> cw.
     )
 
 
+# Rows of the PromQL widget: every panel's title and queries, each query on its own lines.
+PROMQL_HEIGHT = 12
+
+
+def promql_markdown(cluster_name: str) -> str:
+    """The PromQL queries per deployment, to paste into Query Studio (PromQL). A dashboard body
+    has no documented PromQL widget, so the queries are text here, not charts."""
+    lines = [
+        "### Latency, throughput and KV transfer per phase (PromQL)",
+        "CloudWatch console, Query Studio, language PromQL; paste a query, Run. Each line is one "
+        "replica, labelled with its `deployment`.",
+    ]
+    for panel in om.promql_panels(cluster_name):
+        lines.append(f"**{panel.title}**")
+        lines += [f"- {legend}: `{query}`" for legend, query in panel.queries]
+    return "\n\n".join(lines)
+
+
 class ServingDashboard(Construct):
     """:param cluster_name: the cluster's name (every metric's ClusterName).
     :param application_logs: the add-on's container log group (where the UCX line is counted).
@@ -185,9 +203,9 @@ class ServingDashboard(Construct):
         )
         intro = (
             f"## {cluster_name}: prefill/decode serving\n"
-            "Serve deployments `Prefill:<model>` and `Decode:<model>` are the two phases. Time to first "
-            "token and inter-token latency are histograms, which the CloudWatch agent does not import "
-            "(README, Observability)."
+            "Serve deployments `Prefill:<model>` and `Decode:<model>` are the two phases. Latency and KV "
+            "transfers per phase are OpenTelemetry histograms, queried with PromQL: the queries at the "
+            "bottom run in CloudWatch Query Studio (README, Observability)."
         )
         self.dashboard = cw.Dashboard(
             self,
@@ -219,5 +237,6 @@ class ServingDashboard(Construct):
                     graph("EFA bytes sent per node", [_per_node(om.EFA_TX_BYTES, cluster_name, "Sum")], "bytes"),
                     graph("NAT gateway bytes (model download, image pulls)", nat, "bytes"),
                 ],
+                [cw.TextWidget(markdown=promql_markdown(cluster_name), width=3 * WIDTH, height=PROMQL_HEIGHT)],
             ],
         )

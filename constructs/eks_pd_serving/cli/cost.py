@@ -2,7 +2,8 @@
 
 Reads the template `cdk synth` wrote (NAT gateways, node groups and their volumes, the EKS
 version, the observability add-on, dashboard and alarms) and prices it from the table below.
-Data transfer (NAT per-GB, cross-AZ), log ingestion and Container Insights observations depend on
+Data transfer (NAT per-GB, cross-AZ), log ingestion, Container Insights observations and the
+OpenTelemetry metrics sent over OTLP (latency and NIXL histograms, billed per GB ingested) depend on
 traffic and on the number of pods, and are not included.
 """
 
@@ -121,7 +122,7 @@ def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) ->
             "CloudWatch custom metrics",
             custom_metric_count(),
             prices["cw_custom_metric_month"] * month,
-            "Ray scrape; plus log ingestion and Container Insights observations (not included)",
+            "Ray scrape; plus log ingestion, Container Insights and OTLP histograms, per GB (not included)",
         ),
     ]
 
