@@ -95,6 +95,16 @@ def test_the_histograms_go_to_cloudwatchs_otlp_endpoint_signed_for_monitoring(te
     assert exporter["endpoint"] == f"https://monitoring.{REGION}.amazonaws.com:443"
     assert exporter["tls"] == {"insecure": False}
     assert otel["extensions"][f"sigv4auth{SUFFIX}"] == {"region": REGION, "service": "monitoring"}
+    # The chart's own pipeline's processors: the receiver's scrape series dropped (OTTL IsMatch is
+    # an unanchored RE2 search; the pattern anchors itself), start times set, batched.
+    pipeline = otel["service"]["pipelines"][f"metrics{SUFFIX}"]
+    assert pipeline["processors"] == [f"filter{SUFFIX}", f"metricstarttime{SUFFIX}", f"batch{SUFFIX}"]
+    (condition,) = otel["processors"][f"filter{SUFFIX}"]["metrics"]["metric"]
+    match = re.fullmatch(r'IsMatch\(name, "(.*)"\)', condition)
+    assert match is not None
+    for scrape_series in ("up", "scrape_duration_seconds", "scrape_samples_scraped", "scrape_series_added"):
+        assert re.search(match[1], scrape_series)
+    assert not any(re.search(match[1], family) for family, _ in om.OTLP_METRICS)
     # Every component carries the suffix, so none collides with the agent's or the chart's own.
     names = [n for section in ("extensions", "receivers", "processors", "exporters") for n in otel[section]]
     assert all(name.endswith(SUFFIX) for name in [*names, *otel["service"]["pipelines"]])

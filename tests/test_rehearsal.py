@@ -119,6 +119,9 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     for family, joined in joins.items():
         assert joined["unjoined"] == [] and set(joined["deployments"]) <= {"Prefill", "Decode"}, (family, joined)
     assert joins["ray_vllm_time_to_first_token_seconds"]["deployments"] == ["Decode", "Prefill"]
+    # Prefill generates one token (no inter-token gap) and decode pulls the KV: both are decode's.
+    for family in ("ray_vllm_inter_token_latency_seconds", "ray_vllm_nixl_xfer_time_seconds"):
+        assert joins[family]["deployments"] == ["Decode"], family
     assert leftovers(tmp_path) == [], "processes of the rehearsal outlived it"
 
 

@@ -114,6 +114,10 @@ OTLP_SCRAPE_JOB: Final = "ray-otlp"
 # AWS's advice for an appended collector configuration: a suffix on every component and pipeline
 # name, so none collides with what the agent (or the chart) generates.
 OTEL_SUFFIX: Final = "eks_pd_serving"
+# The series a Prometheus receiver adds to every scrape, dropped as the chart's pipeline drops them.
+SCRAPE_METADATA: Final = (
+    "^(up|scrape_duration_seconds|scrape_samples_scraped|scrape_samples_post_metric_relabeling|scrape_series_added)$"
+)
 # The window every rate in the queries below takes: five scrapes.
 PROMQL_WINDOW: Final = "5m"
 # The join Ray's Serve LLM dashboard uses (ray/dashboard/modules/metrics/dashboards/
@@ -192,7 +196,8 @@ def promql_panels(cluster_name: str) -> tuple[PromqlPanel, ...]:
 
 def otel_config(cluster_name: str, region: str, namespace: str) -> dict[str, Any]:
     """The Ray scraper's OpenTelemetry pipeline: a Prometheus receiver on the same pods (only
-    OTLP_METRICS), batched, exported over OTLP/HTTP to CloudWatch's metrics endpoint with SigV4
+    OTLP_METRICS), the scrape's own series filtered out, start times set, batched (the chart's
+    processors and settings), exported over OTLP/HTTP to CloudWatch's metrics endpoint with SigV4
     (service ``monitoring``), as the chart's own OpenTelemetry Container Insights pipeline does
     (templates/linux/_otel-container-insights-config.tpl, 6.4.0). The add-on's role already has
     CloudWatchAgentServerPolicy, the policy AWS names for this endpoint."""
@@ -202,7 +207,13 @@ def otel_config(cluster_name: str, region: str, namespace: str) -> dict[str, Any
     return {
         "extensions": {f"sigv4auth{name}": {"region": region, "service": "monitoring"}},
         "receivers": {f"prometheus{name}": {"config": {"scrape_configs": [job]}}},
-        "processors": {f"batch{name}": {}},
+        "processors": {
+            # The receiver's own scrape series (up, scrape_duration_seconds, ...) are not wanted.
+            f"filter{name}": {"error_mode": "ignore", "metrics": {"metric": [f'IsMatch(name, "{SCRAPE_METADATA}")']}},
+            # Start times for the cumulative series (counters, histograms), as the chart's pipeline.
+            f"metricstarttime{name}": {},
+            f"batch{name}": {"send_batch_size": 500, "send_batch_max_size": 500, "timeout": "10s"},
+        },
         "exporters": {
             f"otlphttp{name}": {
                 "endpoint": f"https://monitoring.{region}.amazonaws.com:443",
@@ -215,7 +226,7 @@ def otel_config(cluster_name: str, region: str, namespace: str) -> dict[str, Any
             "pipelines": {
                 f"metrics{name}": {
                     "receivers": [f"prometheus{name}"],
-                    "processors": [f"batch{name}"],
+                    "processors": [f"filter{name}", f"metricstarttime{name}", f"batch{name}"],
                     "exporters": [f"otlphttp{name}"],
                 }
             },
