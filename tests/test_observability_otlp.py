@@ -235,3 +235,25 @@ def test_the_dashboard_shows_every_query(template: dict[str, Any]) -> None:
         assert panel.title in text
         for _, query in panel.queries:
             assert f"`{query}`" in text
+
+
+# Ray's metrics API types, as its Prometheus endpoint exports them (a Counter gains "_total").
+RAY_TYPES = {"Counter": "counter", "Gauge": "gauge", "Histogram": "histogram"}
+
+
+@pytest.mark.skipif(not RAY_PYTHON.exists(), reason=f"{RAY_PYTHON} missing: `make rayenv` creates it")
+def test_the_serve_families_are_defined_with_the_same_types_in_the_images_ray() -> None:
+    """The catalogue comes from the CPU stack's Ray; the image runs RAY_VERSION (.venv-ray). Every
+    Serve family the dashboard or the queries name is defined there, with the type read."""
+    out = subprocess.run(
+        [str(RAY_PYTHON), "-c", "import pathlib, ray; print(pathlib.Path(ray.__file__).parent / 'serve')"],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    source = "\n".join(path.read_text() for path in Path(out.stdout.strip()).rglob("*.py") if "test" not in path.name)
+    defined = {
+        f"ray_{name}" + ("_total" if kind == "Counter" else ""): RAY_TYPES[kind]
+        for kind, name in re.findall(r"metrics\.(Counter|Gauge|Histogram)\(\s*\"(serve_\w+)\"", source)
+    }
+    used = {m.name: m.kind for m in om.RAY_METRICS} | dict(om.OTLP_METRICS)
+    serve = {name: kind for name, kind in used.items() if name.startswith("ray_serve_")}
+    assert serve and {name: defined.get(name) for name in serve} == serve
