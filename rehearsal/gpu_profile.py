@@ -16,8 +16,10 @@ from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
 from eks_pd_serving.sizing import GIB, MIB, Sizing, size
 
 SIDES = ("prefill_config", "decode_config")
-# Two engines on one GPU: each takes this share of its memory (vLLM checks free memory at start).
+# Two engines on one GPU: each takes this share of its memory (vLLM checks free memory at start),
+# and this share of the GPU as a Ray resource.
 SHARED_GPU_UTILIZATION = 0.4
+SHARED_GPU_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def gpu_profile(
             engine["tensor_parallel_size"] = 1
             if host.gpus < 2:
                 bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
-                llm["placement_group_config"] = {"bundles": [{**bundles[0], "GPU": 0.5}]}
+                llm["placement_group_config"] = {"bundles": [{**bundles[0], "GPU": SHARED_GPU_SHARE}]}
                 engine["gpu_memory_utilization"] = SHARED_GPU_UTILIZATION
             if utilization is not None:
                 engine["gpu_memory_utilization"] = utilization
@@ -121,10 +123,15 @@ def gpu_profile(
 
 
 def gpu_env(worker_env: dict[str, str], host: GpuHost) -> dict[str, str]:
-    """The worker env, plus the sampler switch vLLM needs without FlashInfer."""
+    """The worker env, plus the sampler switch vLLM needs without FlashInfer, and on one GPU the
+    share each engine's Ray worker asks for: vLLM 0.26's RayWorkerProc asks
+    ``VLLM_RAY_PER_WORKER_GPUS`` (default 1.0, v1/executor/ray_executor_v2.py), which no half-GPU
+    bundle holds (the one-GPU rehearsal failed on it on 2026-11-30)."""
     env = dict(worker_env)
     if not host.flashinfer:
         env["VLLM_USE_FLASHINFER_SAMPLER"] = "0"
+    if host.gpus < 2:
+        env["VLLM_RAY_PER_WORKER_GPUS"] = str(SHARED_GPU_SHARE)
     return env
 
 

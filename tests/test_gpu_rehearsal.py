@@ -68,6 +68,9 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
         llm = rehearsed["applications"][0]["args"][side]
         assert llm["placement_group_config"]["bundles"][0]["GPU"] == 0.5
         assert llm["engine_kwargs"]["gpu_memory_utilization"] == gpu_profile.SHARED_GPU_UTILIZATION
+    # Each engine's Ray worker asks for the bundle's half, not vLLM's default whole GPU.
+    assert gpu_profile.gpu_env({}, host)["VLLM_RAY_PER_WORKER_GPUS"] == "0.5"
+    assert "VLLM_RAY_PER_WORKER_GPUS" not in gpu_profile.gpu_env({}, H200)
 
 
 def test_the_colocated_baseline_is_the_decode_engine_without_a_connector(deployed: dict[str, Any]) -> None:

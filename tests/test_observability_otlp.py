@@ -26,6 +26,10 @@ from eks_pd_serving.assembly import resolve
 
 ROOT = Path(__file__).resolve().parents[1]
 CATALOGUE = json.loads((ROOT / "tests" / "fixtures" / "ray-metrics-catalogue.json").read_text())["families"]
+# The image's stack (Ray 2.58, vLLM 0.26) on one H200, NIXL over UCX with CUDA KV buffers: what the
+# GPU rehearsal's endpoint exported, and the WorkerId joins it saw (docs/gpu-runs/2026-12-01).
+IMAGE_GPU = json.loads((ROOT / "tests" / "fixtures" / "ray-metrics-catalogue-image-gpu.json").read_text())
+CATALOGUES = {"cpu-stack": CATALOGUE, "image-gpu": IMAGE_GPU["families"]}
 RAY_PYTHON = Path(os.environ.get("EKS_PD_RAY_PYTHON", ROOT / ".venv-ray" / "bin" / "python"))
 REGION = "us-east-1"
 CLUSTER = "ray-llm-multinode"
@@ -151,10 +155,11 @@ def test_every_query_parses_as_promql_and_a_broken_one_does_not() -> None:
             promql_parser.parse(broken)
 
 
-def test_every_family_and_label_the_queries_name_is_exported_by_ray() -> None:
+@pytest.mark.parametrize("stack", CATALOGUES)
+def test_every_family_and_label_the_queries_name_is_exported_by_ray(stack: str) -> None:
     for panel in om.promql_panels(CLUSTER):
         for legend, query in panel.queries:
-            assert promql_problems(query, CATALOGUE) == [], (panel.title, legend)
+            assert promql_problems(query, CATALOGUES[stack]) == [], (panel.title, legend)
             assert f'{{ClusterName="{CLUSTER}"}}' in query  # scoped to this cluster's series
 
 
@@ -257,3 +262,17 @@ def test_the_serve_families_are_defined_with_the_same_types_in_the_images_ray() 
     used = {m.name: m.kind for m in om.RAY_METRICS} | dict(om.OTLP_METRICS)
     serve = {name: kind for name, kind in used.items() if name.startswith("ray_serve_")}
     assert serve and {name: defined.get(name) for name in serve} == serve
+
+
+def test_the_images_stack_on_a_gpu_exports_every_family_with_its_type_and_joins_each_to_a_phase() -> None:
+    families = IMAGE_GPU["families"]
+    for metric in om.RAY_METRICS:
+        assert families[metric.name]["type"] == metric.kind, metric.name
+        assert set(metric.dimensions) <= set(families[metric.name]["labels"]), metric.name
+    for family, kind in om.OTLP_METRICS:
+        assert families[family]["type"] == kind and "WorkerId" in families[family]["labels"], family
+    joins = IMAGE_GPU["joins"]
+    assert all(joined["unjoined"] == [] for joined in joins.values())
+    assert joins["ray_vllm_time_to_first_token_seconds"]["deployments"] == ["Decode", "Prefill"]
+    for family in ("ray_vllm_inter_token_latency_seconds", "ray_vllm_nixl_xfer_time_seconds"):
+        assert joins[family]["deployments"] == ["Decode"], family
