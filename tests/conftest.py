@@ -127,6 +127,24 @@ def logical_id(construct: Any) -> str:
     return cdk.Stack.of(node).get_logical_id(node)
 
 
+def resources_of_type(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
+    """A synthesized template's resources of one CloudFormation type, by logical id."""
+    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
+
+
+def cloudwatch_agent(template: dict[str, Any], name: str, region: str) -> dict[str, Any]:
+    """One agent of the CloudWatch Observability add-on's configuration values, resolved in ``region``."""
+    from eks_pd_serving.assembly import resolve
+    from eks_pd_serving.observability_metrics import ADDON_NAME
+
+    (addon,) = [
+        v for v in resources_of_type(template, "AWS::EKS::Addon").values() if v["Properties"]["AddonName"] == ADDON_NAME
+    ]
+    (agent,) = [a for a in json.loads(resolve(addon["Properties"]["ConfigurationValues"], region))["agents"]
+                if a["name"] == name]  # fmt: skip
+    return dict(agent)
+
+
 def log_filter_matches(pattern: str, lines: list[str]) -> list[str]:
     """The container log lines a CloudWatch Logs filter pattern selects, by moto's implementation
     of filter patterns (quoted terms), on events as the CloudWatch add-on's Fluent Bit writes them

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import NO_AWS_ENV, ROOT, build_stack, synth_assembly
+from conftest import NO_AWS_ENV, ROOT, build_stack, resources_of_type, synth_assembly
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving import versions
@@ -37,12 +37,8 @@ def scaled() -> dict[str, Any]:
     return dict(Template.from_stack(build_stack(autoscaling=True)).to_json())
 
 
-def _resources(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
-
-
 def _nodegroups(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {k: v["Properties"] for k, v in _resources(template, "AWS::EKS::Nodegroup").items()}
+    return {k: v["Properties"] for k, v in resources_of_type(template, "AWS::EKS::Nodegroup").items()}
 
 
 def _ray_service(template: dict[str, Any]) -> dict[str, Any]:
@@ -201,7 +197,7 @@ def test_gpu_node_groups_take_the_bounds_and_tell_the_autoscaler_what_an_empty_g
     assert len(gpu["Subnets"]) == 1
     template_id = gpu["LaunchTemplate"]["Id"]["Ref"]
     placement = scaled["Resources"][template_id]["Properties"]["LaunchTemplateData"]["Placement"]
-    assert placement == {"GroupName": {"Ref": next(iter(_resources(scaled, "AWS::EC2::PlacementGroup")))}}
+    assert placement == {"GroupName": {"Ref": next(iter(resources_of_type(scaled, "AWS::EC2::PlacementGroup")))}}
     system = next(g for k, g in groups.items() if "SystemNodeGroup" in k)
     # The Ray head's group is never scaled: the autoscaler can neither add nor remove its node.
     assert system["ScalingConfig"] == {"MinSize": 1, "DesiredSize": 1, "MaxSize": 1}
@@ -243,7 +239,7 @@ def test_the_cluster_autoscaler_of_the_clusters_minor_runs_on_the_system_nodes(s
         "kube-system",
     )
     values = release["values"]
-    (cluster_id,) = _resources(scaled, "AWS::EKS::Cluster")
+    (cluster_id,) = resources_of_type(scaled, "AWS::EKS::Cluster")
     assert values["autoDiscovery"] == {"clusterName": str({"Ref": cluster_id})}
     assert values["cloudProvider"] == "aws" and values["image"] == {"tag": "v1.35.2"}
     assert values["rbac"]["serviceAccount"] == {"create": True, "name": "cluster-autoscaler"}
@@ -261,7 +257,7 @@ def test_the_autoscaler_image_follows_the_kubernetes_version() -> None:
 def test_the_autoscaler_gets_the_published_policy_scoped_to_this_cluster(scaled: dict[str, Any]) -> None:
     (association,) = [
         r["Properties"]
-        for r in _resources(scaled, "AWS::EKS::PodIdentityAssociation").values()
+        for r in resources_of_type(scaled, "AWS::EKS::PodIdentityAssociation").values()
         if r["Properties"]["ServiceAccount"] == "cluster-autoscaler"
     ]
     assert association["Namespace"] == "kube-system"
@@ -269,13 +265,13 @@ def test_the_autoscaler_gets_the_published_policy_scoped_to_this_cluster(scaled:
     assert {s["Principal"]["Service"] for s in role["AssumeRolePolicyDocument"]["Statement"]} == {
         "pods.eks.amazonaws.com"
     }
-    (policy_id,) = [k for k in _resources(scaled, "AWS::IAM::ManagedPolicy") if "Autoscaler" in k]
+    (policy_id,) = [k for k in resources_of_type(scaled, "AWS::IAM::ManagedPolicy") if "Autoscaler" in k]
     assert role["ManagedPolicyArns"] == [{"Ref": policy_id}]
     statements = scaled["Resources"][policy_id]["Properties"]["PolicyDocument"]["Statement"]
     granted = {a for s in statements for a in s["Action"]}
     published = {a for s in published_policy()["Statement"] for a in s["Action"]}
     assert granted == published  # nothing dropped, nothing added
-    (cluster_id,) = _resources(scaled, "AWS::EKS::Cluster")
+    (cluster_id,) = resources_of_type(scaled, "AWS::EKS::Cluster")
     for statement in statements:
         if set(statement["Action"]) & set(MUTATING_ACTIONS):
             assert set(statement["Action"]) == set(MUTATING_ACTIONS)
@@ -297,13 +293,13 @@ def test_the_shipped_policy_is_the_pinned_releases_block() -> None:
 
 
 def test_deploy_order_autoscaler_before_the_ray_cluster_after_its_identity(scaled: dict[str, Any]) -> None:
-    helm = _resources(scaled, "Custom::AWSCDK-EKS-HelmChart")
+    helm = resources_of_type(scaled, "Custom::AWSCDK-EKS-HelmChart")
     (chart_id,) = [k for k in helm if "ClusterAutoscaler" in k]
     depends = set(scaled["Resources"][chart_id].get("DependsOn", []))
-    (association_id,) = [k for k in _resources(scaled, "AWS::EKS::PodIdentityAssociation") if "Autoscaler" in k]
-    (system_id,) = [k for k in _resources(scaled, "AWS::EKS::Nodegroup") if "SystemNodeGroup" in k]
+    (association_id,) = [k for k in resources_of_type(scaled, "AWS::EKS::PodIdentityAssociation") if "Autoscaler" in k]
+    (system_id,) = [k for k in resources_of_type(scaled, "AWS::EKS::Nodegroup") if "SystemNodeGroup" in k]
     assert {association_id, system_id} <= depends
-    manifests = _resources(scaled, "Custom::AWSCDK-EKS-KubernetesResource")
+    manifests = resources_of_type(scaled, "Custom::AWSCDK-EKS-KubernetesResource")
     (ray_id,) = [k for k in manifests if "RayServiceChart" in k]
     # CloudFormation deletes the RayService (its pods) before the autoscaler on destroy.
     assert chart_id in scaled["Resources"][ray_id]["DependsOn"]
@@ -311,7 +307,7 @@ def test_deploy_order_autoscaler_before_the_ray_cluster_after_its_identity(scale
 
 def test_the_capacity_check_asks_for_the_most_nodes(scaled: dict[str, Any]) -> None:
     """Quota and AZ are checked for the maximum: scaling up later must not meet them first."""
-    (check,) = _resources(scaled, "Custom::GpuCapacityCheck").values()
+    (check,) = resources_of_type(scaled, "Custom::GpuCapacityCheck").values()
     assert check["Properties"]["Groups"] == [{"Name": "gpu", "InstanceType": "g6.8xlarge", "NodeCount": "4"}]
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
-from conftest import build_stack, log_filter_matches
+from conftest import build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
 
 from eks_pd_serving import observability_metrics as om
 from eks_pd_serving import versions
@@ -45,13 +45,9 @@ def unobserved() -> dict[str, Any]:
     return dict(Template.from_stack(build_stack(observability=False)).to_json())
 
 
-def _of_type(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
-    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
-
-
 def _addon(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     (found,) = [
-        (k, v) for k, v in _of_type(template, "AWS::EKS::Addon").items()
+        (k, v) for k, v in resources_of_type(template, "AWS::EKS::Addon").items()
         if v["Properties"]["AddonName"] == "amazon-cloudwatch-observability"
     ]  # fmt: skip
     return found
@@ -63,8 +59,7 @@ def _configuration(template: dict[str, Any]) -> dict[str, Any]:
 
 
 def _ray_agent(template: dict[str, Any]) -> dict[str, Any]:
-    (agent,) = [a for a in _configuration(template)["agents"] if a["name"] == om.RAY_SCRAPER_AGENT]
-    return dict(agent)
+    return cloudwatch_agent(template, om.RAY_SCRAPER_AGENT, REGION)
 
 
 def dashboard_metrics(body: str) -> set[tuple[str, str]]:
@@ -99,7 +94,7 @@ def unexported(names: set[tuple[str, str]], catalogue: dict[str, Any]) -> list[s
 
 
 def _dashboard_body(template: dict[str, Any]) -> str:
-    (dashboard,) = _of_type(template, "AWS::CloudWatch::Dashboard").values()
+    (dashboard,) = resources_of_type(template, "AWS::CloudWatch::Dashboard").values()
     return str(resolve(dashboard["Properties"]["DashboardBody"], REGION))
 
 
@@ -157,7 +152,7 @@ def test_the_ray_scraper_targets_the_ray_pods_metrics_port_and_keeps_only_charte
 
 def test_every_log_group_the_addon_writes_is_the_stacks_and_exists_before_it(observed: dict[str, Any]) -> None:
     groups = {
-        v["Properties"]["LogGroupName"]: (k, v) for k, v in _of_type(observed, "AWS::Logs::LogGroup").items()
+        v["Properties"]["LogGroupName"]: (k, v) for k, v in resources_of_type(observed, "AWS::Logs::LogGroup").items()
         if str(v["Properties"].get("LogGroupName", "")).startswith("/aws/containerinsights/")
     }  # fmt: skip
     assert set(groups) == set(om.log_group_names("ray-llm-multinode").values())
@@ -172,10 +167,10 @@ def test_the_addon_waits_for_nodes_and_pod_identity_and_the_ray_service_waits_fo
     observed: dict[str, Any],
 ) -> None:
     addon_id, addon = _addon(observed)
-    nodegroups = _of_type(observed, "AWS::EKS::Nodegroup")
+    nodegroups = resources_of_type(observed, "AWS::EKS::Nodegroup")
     system = [k for k, v in nodegroups.items() if v["Properties"]["Labels"].get("role") == "system"]
     pod_identity_agent = [
-        k for k, v in _of_type(observed, "AWS::EKS::Addon").items()
+        k for k, v in resources_of_type(observed, "AWS::EKS::Addon").items()
         if v["Properties"]["AddonName"] == "eks-pod-identity-agent"
     ]  # fmt: skip
     assert set(system + pod_identity_agent) <= set(addon["DependsOn"])
@@ -243,7 +238,7 @@ def test_the_dashboard_url_is_an_output(observed: dict[str, Any]) -> None:
 
 # --- alarms ---------------------------------------------------------------------------------
 def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(observed: dict[str, Any]) -> None:
-    (metric_filter,) = _of_type(observed, "AWS::Logs::MetricFilter").values()
+    (metric_filter,) = resources_of_type(observed, "AWS::Logs::MetricFilter").values()
     pattern = metric_filter["Properties"]["FilterPattern"]
     assert pattern == om.UCX_FILTER_PATTERN
     # Lines the CPU rehearsal's engines logged (UCX) and the LIBFABRIC line of a GPU node.
@@ -258,7 +253,7 @@ def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(
 
 
 def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(observed: dict[str, Any]) -> None:
-    alarms = {k: v["Properties"] for k, v in _of_type(observed, "AWS::CloudWatch::Alarm").items()}
+    alarms = {k: v["Properties"] for k, v in resources_of_type(observed, "AWS::CloudWatch::Alarm").items()}
     (ucx,) = [a for k, a in alarms.items() if "UcxFallback" in k]
     assert (ucx["MetricName"], ucx["Namespace"]) == (om.UCX_METRIC, "EksPdServing/ray-llm-multinode")
     assert ucx["Threshold"] == 1 and ucx["TreatMissingData"] == "notBreaching"
@@ -274,14 +269,14 @@ def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(obs
 
 
 def test_alarm_email_adds_an_encrypted_topic_that_both_alarms_notify(observed: dict[str, Any]) -> None:
-    ((topic_id, topic),) = _of_type(observed, "AWS::SNS::Topic").items()
+    ((topic_id, topic),) = resources_of_type(observed, "AWS::SNS::Topic").items()
     assert "KmsMasterKeyId" in topic["Properties"]
-    (subscription,) = _of_type(observed, "AWS::SNS::Subscription").values()
+    (subscription,) = resources_of_type(observed, "AWS::SNS::Subscription").values()
     assert (
         subscription["Properties"]["Protocol"] == "email"
         and subscription["Properties"]["Endpoint"] == "ops@example.com"
     )
-    for alarm in _of_type(observed, "AWS::CloudWatch::Alarm").values():
+    for alarm in resources_of_type(observed, "AWS::CloudWatch::Alarm").values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": topic_id}]
 
 

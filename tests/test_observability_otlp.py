@@ -19,7 +19,7 @@ from typing import Any
 import promql_parser
 import pytest
 from aws_cdk.assertions import Template
-from conftest import build_stack
+from conftest import cloudwatch_agent, resources_of_type
 
 from eks_pd_serving import observability_metrics as om
 from eks_pd_serving.assembly import resolve
@@ -37,18 +37,13 @@ SUFFIX = f"/{om.OTEL_SUFFIX}"
 
 
 @pytest.fixture(scope="module")
-def template() -> dict[str, Any]:
-    return dict(Template.from_stack(build_stack()).to_json())
+def synthesized(template: Template) -> dict[str, Any]:
+    """The session's default template (conftest), as JSON."""
+    return dict(template.to_json())
 
 
 def _ray_agent(template: dict[str, Any]) -> dict[str, Any]:
-    (addon,) = [
-        v for v in template["Resources"].values()
-        if v["Type"] == "AWS::EKS::Addon" and v["Properties"]["AddonName"] == om.ADDON_NAME
-    ]  # fmt: skip
-    configuration = json.loads(resolve(addon["Properties"]["ConfigurationValues"], REGION))
-    (agent,) = [a for a in configuration["agents"] if a["name"] == om.RAY_SCRAPER_AGENT]
-    return dict(agent)
+    return cloudwatch_agent(template, om.RAY_SCRAPER_AGENT, REGION)
 
 
 def undefined_components(config: dict[str, Any]) -> list[str]:
@@ -92,8 +87,8 @@ def promql_problems(query: str, catalogue: dict[str, Any]) -> list[str]:
 
 
 # --- collection -----------------------------------------------------------------------------
-def test_the_histograms_go_to_cloudwatchs_otlp_endpoint_signed_for_monitoring(template: dict[str, Any]) -> None:
-    otel = _ray_agent(template)["otelConfig"]
+def test_the_histograms_go_to_cloudwatchs_otlp_endpoint_signed_for_monitoring(synthesized: dict[str, Any]) -> None:
+    otel = _ray_agent(synthesized)["otelConfig"]
     assert undefined_components(otel) == []
     exporter = otel["exporters"][f"otlphttp{SUFFIX}"]
     assert exporter["endpoint"] == f"https://monitoring.{REGION}.amazonaws.com:443"
@@ -115,9 +110,9 @@ def test_the_histograms_go_to_cloudwatchs_otlp_endpoint_signed_for_monitoring(te
 
 
 def test_the_otlp_scrape_reads_the_same_ray_pods_and_keeps_exactly_the_queried_families(
-    template: dict[str, Any],
+    synthesized: dict[str, Any],
 ) -> None:
-    agent = _ray_agent(template)
+    agent = _ray_agent(synthesized)
     (classic,) = agent["prometheus"]["config"]["scrape_configs"]
     (job,) = agent["otelConfig"]["receivers"][f"prometheus{SUFFIX}"]["config"]["scrape_configs"]
     assert job["job_name"] == om.OTLP_SCRAPE_JOB != classic["job_name"]
@@ -133,9 +128,9 @@ def test_the_otlp_scrape_reads_the_same_ray_pods_and_keeps_exactly_the_queried_f
 
 
 def test_the_pipeline_check_fails_on_a_missing_component_or_an_unstarted_authenticator(
-    template: dict[str, Any],
+    synthesized: dict[str, Any],
 ) -> None:
-    otel = json.loads(json.dumps(_ray_agent(template)["otelConfig"]))
+    otel = json.loads(json.dumps(_ray_agent(synthesized)["otelConfig"]))
     del otel["processors"][f"batch{SUFFIX}"]
     otel["service"]["extensions"] = []
     assert undefined_components(otel) == [
@@ -232,8 +227,8 @@ def test_the_queries_are_rays_own_serve_llm_dashboard_queries_in_native_histogra
     assert "_bucket{" in out.stdout and "_bucket{" not in " ".join(ours.values())
 
 
-def test_the_dashboard_shows_every_query(template: dict[str, Any]) -> None:
-    (dashboard,) = [v for v in template["Resources"].values() if v["Type"] == "AWS::CloudWatch::Dashboard"]
+def test_the_dashboard_shows_every_query(synthesized: dict[str, Any]) -> None:
+    (dashboard,) = resources_of_type(synthesized, "AWS::CloudWatch::Dashboard").values()
     widgets = json.loads(str(resolve(dashboard["Properties"]["DashboardBody"], REGION)))["widgets"]
     text = "\n".join(w["properties"]["markdown"] for w in widgets if w["type"] == "text")
     for panel in om.promql_panels(CLUSTER):
