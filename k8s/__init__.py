@@ -1,6 +1,12 @@
 """cdk8s charts. Nothing here knows about CloudFormation: charts take plain typed props."""
 
-from .network import EndpointServiceChart, EndpointServiceProps, ServingNetworkChart, ServingNetworkProps
+from .network import (
+    EndpointServiceChart,
+    EndpointServiceProps,
+    MetricsAccessChart,
+    ServingNetworkChart,
+    ServingNetworkProps,
+)
 from .ray_service import RayServiceChart
 from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import (
@@ -19,6 +25,7 @@ __all__ = [
     "EndpointServiceProps",
     "EngineSpec",
     "KvTransferSpec",
+    "MetricsAccessChart",
     "ModelSpec",
     "PodResources",
     "RayAutoscalerSpec",

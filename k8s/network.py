@@ -5,7 +5,8 @@ pods reach each other on every port (GCS, raylets, object transfer, NIXL side ch
 KubeRay operator reaches the dashboard (it reads Serve's status there) and the serve port (it
 probes the head's proxy at /-/healthz to set ``ray.io/serve``, which the Services select on); the
 serve port is open to the namespace and to the client CIDRs; with observability, the metrics port (8080) is
-open to the CloudWatch agents' namespace (its Ray scraper runs off the host network there). Nothing else
+open to the CloudWatch agents' namespace (its Ray scraper runs off the host network there), in
+``MetricsAccessChart``, a manifest of its own. Nothing else
 reaches GCS (6379), the dashboard and job API (8265), the Ray client (10001) or the metrics port.
 
 ``EndpointServiceChart`` (``internal`` exposure): a LoadBalancer Service the AWS Load Balancer
@@ -29,6 +30,7 @@ SERVING_HEAD_LABELS = {"ray.io/node-type": "head", "ray.io/serve": "true"}
 # The AWS Load Balancer Controller's own class: only this Service depends on the controller.
 NLB_CLASS = "service.k8s.aws/nlb"
 ENDPOINT_PORT = 80
+METRICS_POLICY = "ray-metrics-from-scraper"
 
 
 def endpoint_service_name(ray_service_name: str) -> str:
@@ -42,8 +44,8 @@ class ServingNetworkProps:
     namespace: str
     #: The namespace the KubeRay operator runs in.
     operator_namespace: str
-    #: IPv4 CIDRs that may call the serve port from outside the cluster (the NLB's own addresses
-    #: are in the VPC CIDR, which callers add when the endpoint is internal).
+    #: IPv4 CIDRs that may call the serve port from outside the cluster: with an internal NLB, its
+    #: subnets' CIDRs (the NLB's own addresses are the sources; it admits the clients itself).
     client_cidrs: tuple[str, ...]
     #: The namespace whose pods may scrape the Ray pods' metrics port. Default: none may.
     metrics_scraper_namespace: str | None = None
@@ -95,12 +97,25 @@ class ServingNetworkChart(cdk8s.Chart):
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
         for index, cidr in enumerate(props.client_cidrs):
             serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])
-        if props.metrics_scraper_namespace:
-            scraper = kplus.Namespaces.select(self, "ScraperNamespace", names=[props.metrics_scraper_namespace])
-            metrics = kplus.NetworkPolicy(
-                self, "Metrics", metadata=cdk8s.ApiObjectMetadata(name="ray-metrics-from-scraper"), selector=ray_pods
-            )
-            metrics.add_ingress_rule(scraper, [_tcp(props.metrics_port)])
+
+
+class MetricsAccessChart(cdk8s.Chart):
+    """The metrics port open to the scraper's namespace: a chart of its own (one manifest
+    resource), so switching the scraper off deletes the policy. Inside a manifest that stays, a
+    NetworkPolicy that leaves it would stay in the cluster: kubectl's default prune list has no
+    NetworkPolicy."""
+
+    def __init__(self, scope: Construct, id: str, *, props: ServingNetworkProps) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True, namespace=props.namespace)
+        if not props.metrics_scraper_namespace:
+            raise ValueError("MetricsAccessChart needs props.metrics_scraper_namespace")
+        serving = kplus.Namespaces.select(self, "Serving", names=[props.namespace])
+        ray_pods = kplus.Pods.select(self, "RayPods", labels=RAY_NODE_LABELS, namespaces=serving)
+        scraper = kplus.Namespaces.select(self, "ScraperNamespace", names=[props.metrics_scraper_namespace])
+        metrics = kplus.NetworkPolicy(
+            self, "Metrics", metadata=cdk8s.ApiObjectMetadata(name=METRICS_POLICY), selector=ray_pods
+        )
+        metrics.add_ingress_rule(scraper, [_tcp(props.metrics_port)])
 
 
 class EndpointServiceChart(cdk8s.Chart):

@@ -20,7 +20,8 @@ from botocore.stub import Stubber
 from conftest import NO_AWS_ENV, ROOT, synth_assembly
 from moto import mock_aws
 
-from eks_pd_serving.cli import cost, k8s_diff, preflight, verify
+from eks_pd_serving.assembly import field_diff
+from eks_pd_serving.cli import cost, preflight, verify
 from eks_pd_serving.config import DeploymentConfig
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
@@ -135,7 +136,7 @@ def test_k8s_diff_is_quiet_and_exit_0_when_nothing_changed(template_file: Path) 
 def test_k8s_diff_sees_helm_values() -> None:
     old = {"stack/helm/kuberay-operator": {"version": "1.7.0", "values": {"nodeSelector": {"role": "system"}}}}
     new = {"stack/helm/kuberay-operator": {"version": "1.7.1", "values": {"nodeSelector": {"role": "infra"}}}}
-    assert k8s_diff.diff(old, new) == [
+    assert field_diff(old, new) == [
         ("stack/helm/kuberay-operator.version", "1.7.0", "1.7.1"),
         ("stack/helm/kuberay-operator.values.nodeSelector.role", "system", "infra"),
     ]

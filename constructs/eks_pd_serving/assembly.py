@@ -12,6 +12,8 @@ from typing import Any
 MANIFEST_TYPE = "Custom::AWSCDK-EKS-KubernetesResource"
 HELM_TYPE = "Custom::AWSCDK-EKS-HelmChart"
 REGION_PLACEHOLDER = "${AWS::Region}"
+# A field on one side only.
+MISSING = object()
 
 
 def resolve(value: Any, region: str = REGION_PLACEHOLDER) -> Any:
@@ -60,3 +62,28 @@ def helm_releases(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
                 "values": values,
             }
     return releases
+
+
+def _key(item: Any, index: int) -> str:
+    if isinstance(item, dict):
+        for field in ("name", "groupName"):
+            if isinstance(item.get(field), str):
+                return str(item[field])
+    return str(index)
+
+
+def field_diff(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
+    """(path, old, new) for every leaf that differs; lists of named items match by name."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changes = []
+        for key in list(old) + [k for k in new if k not in old]:
+            changes += field_diff(old.get(key, MISSING), new.get(key, MISSING), f"{path}.{key}" if path else str(key))
+        return changes
+    if isinstance(old, list) and isinstance(new, list):
+        olds = {_key(v, i): v for i, v in enumerate(old)}
+        news = {_key(v, i): v for i, v in enumerate(new)}
+        changes = []
+        for key in list(olds) + [k for k in news if k not in olds]:
+            changes += field_diff(olds.get(key, MISSING), news.get(key, MISSING), f"{path}[{key}]")
+        return changes
+    return [] if old == new else [(path, old, new)]

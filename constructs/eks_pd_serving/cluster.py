@@ -109,7 +109,7 @@ class EksCluster(Construct):
             ),
         )
         self.cluster.node.add_dependency(self.control_plane_logs)
-        ec2.CfnSecurityGroupIngress(
+        api_from_kubectl = ec2.CfnSecurityGroupIngress(
             self,
             "ApiFromKubectlProvider",
             group_id=self.cluster.cluster_security_group_id,
@@ -125,6 +125,10 @@ class EksCluster(Construct):
         nag.acknowledge(self.cluster.role, nag.CLUSTER_ROLE)
         if self.cluster.kubectl_provider is not None:
             nag.acknowledge(self.cluster.kubectl_provider, nag.kubectl_provider(self.cluster.kubectl_provider))
+            # Every kubectl/Helm resource is served by the provider's Lambdas, so it is deleted before
+            # them and, through them, before this rule: `kubectl delete` and `helm uninstall` still
+            # reach the API while the stack is destroyed (nothing else depends on the rule).
+            self.cluster.kubectl_provider.node.add_dependency(api_from_kubectl)
 
         node_addons = [
             eks.Addon(
@@ -163,8 +167,8 @@ class EksCluster(Construct):
             self.system_nodes.node.add_dependency(addon)
         self.node_addons = node_addons
         # CoreDNS needs a node to run on, or the add-on never becomes active.
-        core_dns = eks.Addon(self, "CoreDns", cluster=self.handle, addon_name="coredns")
-        core_dns.node.add_dependency(self.system_nodes)
+        self.core_dns = eks.Addon(self, "CoreDns", cluster=self.handle, addon_name="coredns")
+        self.core_dns.node.add_dependency(self.system_nodes)
 
         # A person must reach the cluster after the first deploy: the named role, or a role of
         # the stack's that this account's principals may assume (their IAM permissions decide).

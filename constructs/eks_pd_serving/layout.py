@@ -17,6 +17,9 @@ from .catalog import INSTANCE_TYPES, InstanceFacts
 PHASES = ("prefill", "decode")
 # Nodes of the system group: the KubeRay operator and the Ray head run there.
 SYSTEM_NODE_LABELS = {"role": "system"}
+# The Ray head's CPU (requests = limits), on a system node: GCS, the dashboard, Serve's controller
+# and proxy.
+RAY_HEAD_CPU_M = 2000
 # Every GPU node group carries these; the device plugins select them.
 GPU_NODE_LABELS = {"role": "gpu-worker"}
 # per_phase groups add this label with the phase as value.

@@ -49,7 +49,8 @@ class LogGroups(Construct):
     def adopt_lambda_logs(self, scope: IConstruct) -> None:
         """Every Lambda function under ``scope``, and aws-cdk-lib's stack-level custom-resource
         providers, logs to a group of ours: the group aws-cdk-lib made for it (feature flag
-        ``@aws-cdk/aws-lambda:useCdkManagedLogGroup``, retained by default) is taken over,
+        ``@aws-cdk/aws-lambda:useCdkManagedLogGroup``, retained by default) is taken over and named
+        in the function's LoggingConfig,
         otherwise one is created beside the function and named in its LoggingConfig."""
         stack = Stack.of(scope)
         providers = [c for c in stack.node.children if isinstance(c, CustomResourceProviderBase)]
@@ -71,6 +72,12 @@ class LogGroups(Construct):
                 cfn.retention_in_days = self.retention_days
                 cfn.kms_key_id = self.key.key_arn
                 cfn.apply_removal_policy(RemovalPolicy.DESTROY)
+                # Named `/aws/lambda/<function>`, the group would depend on the function and go
+                # first on destroy, and the function's own delete-time runs would create it again
+                # outside the stack. Unnamed and named in the function's LoggingConfig, it is
+                # deleted after the function instead.
+                cfn.add_property_deletion_override("LogGroupName")
+                function.add_property_override("LoggingConfig.LogGroup", cfn.ref)
                 return
         group_id = f"{function.node.id}LogGroup"
         if parent.node.try_find_child(group_id) is None:  # a shared provider is adopted once

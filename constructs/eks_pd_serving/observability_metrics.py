@@ -28,6 +28,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from .layout import SYSTEM_NODE_LABELS
+
 ADDON_NAME: Final = "amazon-cloudwatch-observability"
 # The namespace of the metrics this stack's agent publishes from Ray's endpoint.
 NAMESPACE: Final = "EksPdServing"
@@ -43,6 +45,9 @@ PERIOD_S: Final = 60
 ADDON_NAMESPACE: Final = "amazon-cloudwatch"
 SERVICE_ACCOUNT: Final = "cloudwatch-agent"
 RAY_SCRAPER_AGENT: Final = "cloudwatch-agent-ray"
+# The chart's second default agent; it renders it only with otelContainerInsights.enabled (6.4.0
+# templates/linux/cloudwatch-agent-custom-resource.yaml), which this configuration leaves off.
+CLUSTER_SCRAPER_AGENT: Final = "cloudwatch-agent-cluster-scraper"
 RAY_SCRAPE_JOB: Final = "ray"
 
 # The line NIXL logs when it falls back to UCX (TCP) instead of LIBFABRIC (EFA); the same line the
@@ -308,8 +313,15 @@ def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> di
     6.4.0): the chart's two default agents, the node agent with an explicit Container Insights
     config (enhanced, with GPU and EFA metrics; Application Signals left out, so the operator
     injects no instrumentation into the Ray pods), and a third agent, a one-replica Deployment
-    off the host network, that scrapes the Ray pods."""
+    off the host network, that scrapes the Ray pods.
+
+    The operator and every Deployment agent run on the system nodes: their pods mount hostPath
+    volumes, and the Cluster Autoscaler never removes a node running such a pod, so one on a GPU
+    node would keep it from scaling down. The chart merges each agent over its ``agent`` defaults
+    (``kubernetes.io/os: linux``), which is repeated here so the selector reads whole."""
+    on_system_nodes = {"kubernetes.io/os": "linux", **SYSTEM_NODE_LABELS}
     return {
+        "manager": {"nodeSelector": dict(on_system_nodes)},
         "agents": [
             {
                 "name": SERVICE_ACCOUNT,
@@ -321,11 +333,17 @@ def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> di
                     }
                 },
             },
-            {"name": "cloudwatch-agent-cluster-scraper", "mode": "deployment", "config": "default"},
+            {
+                "name": CLUSTER_SCRAPER_AGENT,
+                "mode": "deployment",
+                "config": "default",
+                "nodeSelector": dict(on_system_nodes),
+            },
             {
                 "name": RAY_SCRAPER_AGENT,
                 "mode": "deployment",
                 "replicas": 1,
+                "nodeSelector": dict(on_system_nodes),
                 # Off the host network: the serving namespace's NetworkPolicy admits this pod by
                 # its namespace to the metrics port, and nothing else.
                 "hostNetwork": False,
@@ -351,5 +369,5 @@ def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> di
                 "prometheus": {"config": scrape_config(cluster_name, namespace)},
                 "otelConfig": otel_config(cluster_name, region, namespace),
             },
-        ]
+        ],
     }

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from aws_cdk import Annotations, Aws
+from aws_cdk import Annotations, Aws, Token
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
@@ -166,19 +166,13 @@ class PdServing(Construct):
         internal = config.endpoint_exposure == "internal"
         policy_cidrs: tuple[str, ...] = ()
         client_cidrs: tuple[str, ...] = ()
+        private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         if internal:
-            vpc_cidr = self.network.cidr
-            if vpc_cidr is None:
-                raise ConfigError(
-                    "endpoint_exposure='internal' needs the brought VPC's IPv4 CIDR at synth (the serve "
-                    "port's NetworkPolicy admits the NLB's addresses from it). Fix: import the VPC with "
-                    "ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
-                )
-            # The NLB's IP targets see its own VPC addresses as the source (client IP preservation
-            # is off for IP targets): the serve port's policy admits the VPC; the NLB's security
-            # group admits only the client CIDRs.
-            client_cidrs = config.endpoint_client_cidrs or (vpc_cidr,)
-            policy_cidrs = tuple(dict.fromkeys((vpc_cidr, *client_cidrs)))
+            # The NLB's IP targets see the NLB's own addresses (client IP preservation is off for IP
+            # targets), which lie in the subnets it is placed in: the serve port admits those
+            # subnets; the NLB's security group admits the client CIDRs.
+            policy_cidrs = tuple(dict.fromkeys(_subnet_cidr(subnet) for subnet in private.subnets))
+            client_cidrs = config.endpoint_client_cidrs or (self._vpc_cidr(),)
         self.serving_network = ServingNetwork(
             self,
             "ServingNetwork",
@@ -200,7 +194,9 @@ class PdServing(Construct):
             self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=config.region or Aws.REGION
         )
         self.load_balancer_controller.chart.node.add_dependency(self.eks.system_nodes)
-        private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        # The controller deletes the NLB on destroy, retrying ELBv2/EC2 calls for minutes: CoreDNS
+        # stays until it is gone (an explicit edge, so the order is in the template).
+        self.load_balancer_controller.chart.node.add_dependency(self.eks.core_dns)
         self.internal_endpoint = InternalEndpoint(
             self,
             "InternalEndpoint",
@@ -215,6 +211,16 @@ class PdServing(Construct):
             ray_service=self.ray_service,
         )
 
+    def _vpc_cidr(self) -> str:
+        cidr = self.network.cidr
+        if cidr is None:
+            raise ConfigError(
+                "endpoint_exposure='internal' without endpoint_client_cidrs needs the brought VPC's IPv4 CIDR "
+                "at synth (the NLB admits the VPC by default). Fix: set endpoint_client_cidrs, or import the "
+                "VPC with ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
+            )
+        return cidr
+
     def _refuse_duplicate_cluster_name(self) -> None:
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""
         for other in self.node.root.node.find_all():
@@ -227,6 +233,21 @@ class PdServing(Construct):
                     f"cluster_name={self.config.cluster_name!r} is already used by {other.node.path} in this app. "
                     "Fix: give each deployment its own cluster_name"
                 )
+
+
+def _subnet_cidr(subnet: ec2.ISubnet) -> str:
+    """A private subnet's IPv4 CIDR as a literal (the serve port's NetworkPolicy names it)."""
+    try:
+        cidr = subnet.ipv4_cidr_block
+    except RuntimeError:  # imported by attributes without CIDRs
+        cidr = None
+    if cidr is None or Token.is_unresolved(cidr):
+        raise ConfigError(
+            f"endpoint_exposure='internal' needs the IPv4 CIDR of private subnet {subnet.subnet_id} at synth (the "
+            "serve port's NetworkPolicy admits the NLB's subnets). Fix: import the VPC with ec2.Vpc.from_lookup, "
+            "or give private_subnet_ipv4_cidr_blocks to ec2.Vpc.from_vpc_attributes"
+        )
+    return cidr
 
 
 def _same_named(props_class: type[EksClusterProps], config: DeploymentConfig) -> EksClusterProps:

@@ -15,7 +15,7 @@ from .k8s import (
     ReplicaAutoscaling,
     WorkerGroupSpec,
 )
-from .layout import SYSTEM_NODE_LABELS, GpuGroup
+from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
 from .versions import RAY_VERSION
 
 # Left on each node for the kubelet, the system reserve and the daemon sets (CNI, kube-proxy,
@@ -23,7 +23,7 @@ from .versions import RAY_VERSION
 _NODE_RESERVED_VCPUS = 4
 _NODE_MEMORY_FRACTION = 0.8
 _MAX_SHM_GIB = 32
-HEAD = PodResources(cpu=2, memory_gib=8, shm_gib=2)
+HEAD = PodResources(cpu=RAY_HEAD_CPU_M // 1000, memory_gib=8, shm_gib=2)
 
 
 def worker_resources(instance: InstanceFacts) -> PodResources:

@@ -3,11 +3,13 @@ to all but the Ray cluster and the KubeRay operator."""
 
 from __future__ import annotations
 
+from typing import cast
+
 import cdk8s
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from .k8s import ServingNetworkChart, ServingNetworkProps
+from .k8s import MetricsAccessChart, ServingNetworkChart, ServingNetworkProps
 from .ray_service import RayServiceManifest
 
 
@@ -16,6 +18,8 @@ class ServingNetwork(Construct):
     :param cluster: the cluster the policies are applied to (its VPC CNI enforces them).
     :param ray_service: the RayService manifest, which creates the namespace: applied after it,
         deleted before it.
+
+    With ``props.metrics_scraper_namespace``, the metrics port's policy is a second manifest.
     """
 
     def __init__(
@@ -32,3 +36,16 @@ class ServingNetwork(Construct):
         self.chart = ServingNetworkChart(cdk8s.App(), "ServingNetwork", props=props)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         self.manifest.node.add_dependency(ray_service.manifest)
+        self.metrics_manifest: eks.KubernetesManifest | None = None
+        if props.metrics_scraper_namespace:
+            self.metrics_chart = MetricsAccessChart(cdk8s.App(), "MetricsAccess", props=props)
+            # overwrite: apply on create, so an update from a version that had this policy in the
+            # manifest above finds it in place (`kubectl create` would fail on it).
+            self.metrics_manifest = eks.KubernetesManifest(
+                cluster,
+                f"{id}MetricsChart",
+                cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
+                manifest=self.metrics_chart.to_json(),
+                overwrite=True,
+            )
+            self.metrics_manifest.node.add_dependency(ray_service.manifest)

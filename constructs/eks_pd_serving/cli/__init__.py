@@ -1,7 +1,7 @@
 """Command-line tool: know before you deploy, prove after.
 
-Exit codes: 0 every check passed (k8s-diff: nothing changed), 1 a check failed (k8s-diff:
-something changed), 2 bad usage or configuration.
+Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff,
+impact: something changed), 2 bad usage or configuration.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from ..config import ConfigError
-from . import cost, k8s_diff, preflight, sizing_cmd, verify
+from . import cost, impact, k8s_diff, preflight, sizing_cmd, verify
 
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "preflight": (preflight.__doc__ or "", preflight.add_arguments, preflight.run),
@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "cost": (cost.__doc__ or "", cost.add_arguments, cost.run),
     "verify": (verify.__doc__ or "", verify.add_arguments, verify.run),
     "k8s-diff": (k8s_diff.__doc__ or "", k8s_diff.add_arguments, k8s_diff.run),
+    "impact": (impact.__doc__ or "", impact.add_arguments, impact.run),
 }
 
 

@@ -14,10 +14,8 @@ from typing import Any
 
 import yaml
 
-from ..assembly import helm_releases, kubernetes_objects, templates
+from ..assembly import MISSING, field_diff, helm_releases, kubernetes_objects, templates
 from ._common import console
-
-_MISSING = object()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,35 +43,10 @@ def side(assembly: Path) -> dict[str, Any]:
     return found
 
 
-def _key(item: Any, index: int) -> str:
-    if isinstance(item, dict):
-        for field in ("name", "groupName"):
-            if isinstance(item.get(field), str):
-                return str(item[field])
-    return str(index)
-
-
-def diff(old: Any, new: Any, path: str = "") -> list[tuple[str, Any, Any]]:
-    """(path, old, new) for every leaf that differs; lists of named items match by name."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        changes = []
-        for key in list(old) + [k for k in new if k not in old]:
-            changes += diff(old.get(key, _MISSING), new.get(key, _MISSING), f"{path}.{key}" if path else str(key))
-        return changes
-    if isinstance(old, list) and isinstance(new, list):
-        olds = {_key(v, i): v for i, v in enumerate(old)}
-        news = {_key(v, i): v for i, v in enumerate(new)}
-        changes = []
-        for key in list(olds) + [k for k in news if k not in olds]:
-            changes += diff(olds.get(key, _MISSING), news.get(key, _MISSING), f"{path}[{key}]")
-        return changes
-    return [] if old == new else [(path, old, new)]
-
-
 def _show(value: Any) -> str:
     return (
         "(absent)"
-        if value is _MISSING
+        if value is MISSING
         else yaml.safe_dump(value, default_flow_style=True, width=10**6).strip().removesuffix("...").strip()
     )
 
@@ -83,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         if not path.exists():
             console.print(f"error: {path} not found. Fix: synthesize it first (make synth, or cdk synth -o <dir>)")
             return 2
-    changes = diff(side(args.old), side(args.new))
+    changes = field_diff(side(args.old), side(args.new))
     for path, old, new in changes:
         console.print(f"{path}: {_show(old)} -> {_show(new)}", markup=False)
     console.print(f"{len(changes)} change(s) on the Kubernetes side" if changes else "no change on the Kubernetes side")

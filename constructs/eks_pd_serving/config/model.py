@@ -137,11 +137,11 @@ class DeploymentConfig(Settings, FieldRules):
                 "endpoint_allowed_cidrs includes 0.0.0.0/0: the Kubernetes API endpoint is open "
                 "to the internet (authentication still applies). Set your own CIDRs."
             )
-        if self.ray_upgrade_strategy == "NewCluster":
+        if self.ray_upgrade_strategy == "NewCluster" and not self.autoscaling:
             found.append(
                 "ray_upgrade_strategy=NewCluster: every cluster-config change builds a second Ray "
-                "cluster, which needs as many spare GPU nodes as the first; with fixed node counts its "
-                "workers stay Pending."
+                "cluster, which needs as many spare GPU nodes as the first; with fixed GPU node counts "
+                "its workers stay Pending and the update never completes."
             )
         for phase in layout.PHASES:
             if self.autoscaling and self.replica_bounds(phase)[0] == 0:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..layout import PHASES
+from ..catalog import INSTANCE_TYPES
+from ..layout import PHASES, RAY_HEAD_CPU_M
+from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
 from .fields import az_region
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ def check_all(config: DeploymentConfig) -> None:
             "observability=false. Fix: set observability=true, or remove cloudwatch_addon_version"
         )
     _check_autoscaling(config)
+    _check_upgrade_strategy(config)
     _check_gpus(config)
     _check_model(config)
 
@@ -88,6 +91,24 @@ _FIXED_COUNTS = {
     "prefill_gpu_node_count": "prefill_gpu_min_node_count and prefill_gpu_max_node_count",
     "decode_gpu_node_count": "decode_gpu_min_node_count and decode_gpu_max_node_count",
 }
+
+
+def _check_upgrade_strategy(config: DeploymentConfig) -> None:
+    """NewCluster builds the new Ray cluster's head beside the running one: the system node group
+    (min = max, never scaled) must hold two heads until KubeRay switches over."""
+    system = INSTANCE_TYPES.get(config.system_instance_type)
+    if config.ray_upgrade_strategy != "NewCluster" or system is None or config.system_node_count >= 2:
+        return
+    head_m = RAY_HEAD_CPU_M + (RAY_AUTOSCALER_DEFAULT_CPU_M if config.autoscaling else 0)
+    allocatable_m = allocatable_cpu_m(system.vcpus)
+    if 2 * head_m > allocatable_m:
+        raise ValueError(
+            f"ray_upgrade_strategy='NewCluster' with system_node_count={config.system_node_count}: the new "
+            f"cluster's Ray head ({head_m / 1000:g} CPU) must run beside the first until KubeRay switches "
+            f"over, and one {config.system_instance_type} has {allocatable_m / 1000:g} CPU allocatable, so the "
+            "update never completes. Fix: set system_node_count=2 (or a larger system_instance_type), or "
+            "ray_upgrade_strategy=None"
+        )
 
 
 def _shown(config: DeploymentConfig, key: str, value: object) -> str:
