@@ -23,6 +23,7 @@ from moto import mock_aws
 from eks_pd_serving.assembly import field_diff
 from eks_pd_serving.cli import cost, preflight, verify
 from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.lifecycle.needs import named_log_groups
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
 CLEAN_ENV = {**NO_AWS_ENV, "COLUMNS": "200"}
@@ -209,6 +210,38 @@ def test_preflight_checks_each_group_of_the_per_phase_layout(aws: None) -> None:
     assert checks["EFA support (g6e.8xlarge)"][0] and checks["GPU AZ (g6.8xlarge)"][0]
     # 2 prefill g6.8xlarge + 1 decode g6e.8xlarge, 32 vCPUs each
     assert checks["G/VT vCPU quota"] == (True, "96 free (96 quota - 0 running), 96 needed (2 x 32 + 1 x 32 vCPUs)")
+
+
+def logs_client(existing: list[str]) -> tuple[Any, Stubber]:
+    """CloudWatch Logs answering DescribeLogGroups by prefix, with ``existing`` groups."""
+    client = boto3.client("logs", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    config = DeploymentConfig.create()
+    for name in named_log_groups(config.cluster_name, observability=config.observability):
+        groups = [{"logGroupName": g, "arn": f"arn:aws:logs:us-east-1:1:log-group:{g}"} for g in existing
+                  if g.startswith(name)]  # fmt: skip
+        stub.add_response("describe_log_groups", {"logGroups": groups}, {"logGroupNamePrefix": name})
+    stub.activate()
+    return client, stub
+
+
+def test_preflight_fails_when_a_log_group_the_stack_creates_exists_and_names_it() -> None:
+    # An earlier Container Insights setup of a cluster with this name left its group behind;
+    # a group whose name only starts like one of ours is not in the way.
+    client, stub = logs_client(
+        ["/aws/containerinsights/ray-llm-multinode/performance", "/aws/eks/ray-llm-multinode/cluster-old"]
+    )
+    name, passed, detail = preflight.check_log_groups(client, DeploymentConfig.create())
+    assert (name, passed) == ("Log groups", False)
+    assert detail.startswith("/aws/containerinsights/ray-llm-multinode/performance already exists")
+    assert "cluster-old" not in detail and "Fix: delete it" in detail
+    stub.assert_no_pending_responses()
+
+
+def test_preflight_passes_when_none_of_the_named_log_groups_exists() -> None:
+    client, stub = logs_client([])
+    assert preflight.check_log_groups(client, DeploymentConfig.create())[1] is True
+    stub.assert_no_pending_responses()
 
 
 def test_preflight_fails_without_the_bootstrap_stack(aws: None) -> None:
@@ -474,6 +507,8 @@ AGENT_SCHEMA = {
         # The chart's values.yaml (6.4.0): "optional YAML config ... combined with the
         # build-default-otel-config output", a map or a YAML string.
         "otelConfig": {"type": ["object", "string"]},
+        # values.yaml 6.4.0: `agent.nodeSelector`, which every agent entry may override.
+        "nodeSelector": {"type": "object", "additionalProperties": {"type": "string"}},
     },
     "required": ["name"],
     "additionalProperties": False,
@@ -481,7 +516,15 @@ AGENT_SCHEMA = {
 ADDON_SCHEMA = {
     "$schema": "http://json-schema.org/draft-07/schema#",
     "type": "object",
-    "properties": {"agents": {"type": "array", "items": AGENT_SCHEMA}},
+    "properties": {
+        "agents": {"type": "array", "items": AGENT_SCHEMA},
+        # values.yaml 6.4.0: `manager.nodeSelector` (the operator's Deployment).
+        "manager": {
+            "type": "object",
+            "properties": {"nodeSelector": {"type": "object"}},
+            "additionalProperties": False,
+        },
+    },
     "additionalProperties": False,
 }
 

@@ -16,6 +16,7 @@ from . import versions
 from ._private import launch_template, nag
 from ._private.kms import rotating_key
 from .layout import SYSTEM_NODE_LABELS
+from .lifecycle.needs import control_plane_log_group_name
 from .log_groups import LogGroups
 
 _CLUSTER_ADMIN_POLICY = "AmazonEKSClusterAdminPolicy"
@@ -72,7 +73,7 @@ class EksCluster(Construct):
         # EKS writes control-plane logs here; created first, so the group is ours and goes with
         # the stack instead of appearing on first write and outliving it.
         self.control_plane_logs = log_groups.group(
-            self, "ControlPlaneLogGroup", log_group_name=f"/aws/eks/{props.cluster_name}/cluster"
+            self, "ControlPlaneLogGroup", log_group_name=control_plane_log_group_name(props.cluster_name)
         )
         # The kubectl provider's Lambdas get a security group of the stack's own: on the
         # EKS-owned cluster security group their late-released ENIs keep EKS from deleting it,

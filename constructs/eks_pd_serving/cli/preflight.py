@@ -3,7 +3,8 @@
 Resolves the GPU AZ (the first AZ of the region that offers every GPU group's instance type),
 runs the checks the deploy-time custom resource runs (EFA support of each type, the AZ's
 offering, the G and VT on-demand vCPU quota less the vCPUs already running against every GPU
-group's need), checks the CDK bootstrap stack and, with observability, that EKS offers the
+group's need), checks the CDK bootstrap stack, that none of the log groups the stack creates under fixed names
+exists yet and, with observability, that EKS offers the
 pinned CloudWatch add-on version for the Kubernetes version and accepts the stack's configuration
 values (the add-on's own JSON schema, from EKS), then writes the AZs into cdk.context.json so the
 next synth pins them.
@@ -19,6 +20,7 @@ from typing import Any
 
 from ..capacity.checks import check_capacity, offered_azs
 from ..config import DeploymentConfig
+from ..lifecycle.needs import named_log_groups
 from ..observability_metrics import ADDON_NAME, addon_configuration
 from ._common import add_config_arguments, console, load_config, table
 
@@ -121,6 +123,25 @@ def check_cloudwatch_addon(eks: Any, config: DeploymentConfig, region: str) -> t
     return name, True, f"{ADDON_NAME} {version} is offered for {kubernetes} and accepts the stack's values"
 
 
+def check_log_groups(logs: Any, config: DeploymentConfig) -> tuple[str, bool, str]:
+    """Does a log group the stack creates under a fixed name exist already? CloudFormation then
+    fails the first deploy (the control-plane group before the cluster, the add-on's after it)."""
+    found = []
+    for name in named_log_groups(config.cluster_name, observability=config.observability):
+        groups = logs.describe_log_groups(logGroupNamePrefix=name)["logGroups"]
+        found += [g["logGroupName"] for g in groups if g["logGroupName"] == name]
+    if found:
+        return (
+            "Log groups",
+            False,
+            f"{', '.join(found)} already exist{'s' if len(found) == 1 else ''} and the stack creates "
+            f"{'it' if len(found) == 1 else 'them'}. Fix: delete {'it' if len(found) == 1 else 'them'} "
+            "(aws logs delete-log-group --log-group-name <name>, after exporting what you keep), or choose "
+            "another cluster_name",
+        )
+    return "Log groups", True, "none of the stack's named log groups exists yet"
+
+
 def check(
     ec2: Any,
     quotas: Any,
@@ -128,9 +149,11 @@ def check(
     config: DeploymentConfig,
     region: str,
     eks: Any | None = None,
+    logs: Any | None = None,
 ) -> Result:
     """The deploy-time capacity checks (``capacity.checks``, the same code), on the AZ this
-    resolves, then the CDK bootstrap stack and (``eks`` given, with observability) the add-on."""
+    resolves, then the CDK bootstrap stack, the named log groups (``logs`` given) and (``eks``
+    given, with observability) the add-on."""
     from botocore.exceptions import ClientError
 
     result = Result(region=region)
@@ -150,6 +173,8 @@ def check(
                 f"no {BOOTSTRAP_STACK} stack. Fix: cdk bootstrap aws://<account>/{region}",
             )
         )
+    if logs is not None:
+        result.checks.append(check_log_groups(logs, config))
     if eks is not None and config.observability:
         result.checks.append(check_cloudwatch_addon(eks, config, region))
     return result
@@ -186,6 +211,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             region,
             eks=session.client("eks"),
+            logs=session.client("logs"),
         )
     except PreflightFailed as error:
         console.print(f"preflight failed: {error}")

@@ -58,3 +58,20 @@ def allocatable_cpu_m(vcpus: int) -> int:
 
 # Replicas when the values set none (aws-load-balancer-controller 3.5.0 values.yaml: 2).
 HELM_DEFAULT_REPLICAS: Final = {"aws-load-balancer-controller": 2}
+
+
+def control_plane_log_group_name(cluster_name: str) -> str:
+    """Where EKS writes the control-plane logs (fixed by EKS)."""
+    return f"/aws/eks/{cluster_name}/cluster"
+
+
+def named_log_groups(cluster_name: str, *, observability: bool) -> list[str]:
+    """The log groups the stack creates under names AWS fixes: CloudFormation cannot create one
+    that already exists (an earlier Container Insights setup, a cluster of the same name), so
+    ``preflight`` looks for each before the first deploy."""
+    from ..observability_metrics import log_group_names
+
+    return [
+        control_plane_log_group_name(cluster_name),
+        *(log_group_names(cluster_name).values() if observability else []),
+    ]

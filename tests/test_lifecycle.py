@@ -1,0 +1,227 @@
+"""The lifecycle rules over every variant of the template, each shown failing on the template as
+it was before its fix (tests/fixtures/lifecycle/before-fixes/, synthesized from commit f41ff6f
+with the same settings), and the model itself on small hand-written templates."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import synth_assembly
+
+from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.lifecycle import facts, rules
+from eks_pd_serving.lifecycle.graph import StackModel
+from eks_pd_serving.lifecycle.needs import allocatable_cpu_m, named_log_groups
+
+BEFORE = Path(__file__).parent / "fixtures" / "lifecycle" / "before-fixes"
+VARIANTS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "internal": {"endpoint_exposure": "internal"},
+    "autoscaling": {"autoscaling": True},
+    "per_phase": {"gpu_layout": "per_phase"},
+    "observability_off": {"observability": False},
+    "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
+    "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
+            "alarm_email": "ops@example.com"},
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StackModel]:
+    found = {}
+    for name, settings in VARIANTS.items():
+        path = synth_assembly(tmp_path_factory.mktemp(name), nag=False, **settings)
+        found[name] = StackModel(json.loads(path.read_text()))
+    return found
+
+
+def before(name: str) -> StackModel:
+    return StackModel(json.loads(gzip.decompress((BEFORE / f"{name}.template.json.gz").read_bytes())))
+
+
+def _ids(model: StackModel, type_: str, **properties: Any) -> list[str]:
+    return sorted(r.id for r in model.of_type(type_) if all(r.properties.get(k) == v for k, v in properties.items()))
+
+
+# --- every rule, every variant ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_lifecycle_rule_holds_on_every_variant(variants: dict[str, StackModel], variant: str) -> None:
+    config = DeploymentConfig.create(**VARIANTS[variant])
+    preflighted = named_log_groups(config.cluster_name, observability=config.observability)
+    assert [str(f) for f in rules.check(variants[variant], preflighted)] == []
+
+
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"default"}))
+def test_no_object_kubectl_cannot_prune_leaves_a_manifest_when_a_setting_flips(
+    variants: dict[str, StackModel], variant: str
+) -> None:
+    forth = rules.pruned_objects_leave(variants["default"], variants[variant])
+    back = rules.pruned_objects_leave(variants[variant], variants["default"])
+    assert [str(f) for f in forth + back] == []
+
+
+def test_the_rules_cover_every_variant_the_issue_names() -> None:
+    # Default, internal, autoscaling, per_phase, observability off, and all options at once.
+    assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
+    assert len(rules.TEMPLATE_RULES) == 10
+
+
+# --- each defect, failing on the template before its fix ------------------------------------------
+
+
+def _found(model: StackModel, rule: str) -> list[rules.Finding]:
+    return [f for f in rules.TEMPLATE_RULES[rule](model) if f.rule == rule]
+
+
+@pytest.mark.parametrize("variant", ["default", "internal"])
+def test_kubectl_resources_were_deleted_after_the_api_rule(variant: str) -> None:
+    model = before(variant)
+    (ingress,) = _ids(model, "AWS::EC2::SecurityGroupIngress", FromPort=443)
+    found = _found(model, "kubectl_resources_outlive_api_route")
+    manifests = {f.resource for f in found}
+    assert set(_ids(model, "Custom::AWSCDK-EKS-KubernetesResource")) <= manifests
+    assert set(_ids(model, "Custom::AWSCDK-EKS-HelmChart")) <= manifests
+    assert all(f"no dependency on {ingress}" in f.missing for f in found)
+    # Nothing depended on the rule: CloudFormation revoked it in the first delete wave.
+    assert ingress in model.delete_waves()[0]
+
+
+def test_now_the_api_rule_goes_after_every_kubectl_resource(variants: dict[str, StackModel]) -> None:
+    model = variants["all"]
+    (ingress,) = _ids(model, "AWS::EC2::SecurityGroupIngress", FromPort=443)
+    kubectl = _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") + _ids(model, "Custom::AWSCDK-EKS-HelmChart")
+    assert len(kubectl) == 9 and all(model.deleted_before(r, ingress) for r in kubectl)
+    assert ingress not in model.delete_waves()[0]
+
+
+def test_coredns_went_before_the_load_balancer_controller() -> None:
+    model = before("internal")
+    ((controller, coredns),) = [
+        (c, a) for c in _ids(model, "Custom::AWSCDK-EKS-HelmChart", Release="aws-load-balancer-controller")
+        for a in _ids(model, "AWS::EKS::Addon", AddonName="coredns")
+    ]  # fmt: skip
+    (finding,) = _found(model, "aws_controllers_outlive_dns")
+    assert (finding.resource, f"no dependency on {coredns}") == (controller, finding.missing.split(" (")[0])
+    assert model.delete_waves()[0].count(coredns) == 1
+
+
+def test_the_provider_log_groups_were_deleted_before_their_functions() -> None:
+    model = before("default")
+    found = _found(model, "lambda_log_groups_outlive_their_functions")
+    assert sorted(f.resource for f in found) == sorted(
+        r.id for r in model.of_type("AWS::Lambda::Function") if r.id.startswith("PdServingClusterKubectlProvider")
+    )
+    assert all("named after the function, so deleted before it" in f.missing for f in found)
+
+
+def test_every_lambda_now_names_a_log_group_deleted_after_it(variants: dict[str, StackModel]) -> None:
+    model = variants["all"]
+    for function in model.of_type("AWS::Lambda::Function"):
+        group = function.properties["LoggingConfig"]["LogGroup"]
+        assert model.deleted_before(function.id, group["Ref"])
+
+
+def test_the_ray_scraper_and_the_operator_could_land_on_an_autoscaled_gpu_node() -> None:
+    missing = {
+        f.missing.split(" has no")[0] for f in _found(before("autoscaling"), "no_unmovable_pods_on_autoscaled_nodes")
+    }
+    assert missing == {"manager (the add-on's operator)", "agent cloudwatch-agent-ray (deployment)"}
+
+
+def test_the_pinning_rule_fails_on_a_deployment_agent_without_a_selector(variants: dict[str, StackModel]) -> None:
+    model = variants["autoscaling"]
+    (addon,) = _ids(model, "AWS::EKS::Addon", AddonName="amazon-cloudwatch-observability")
+    config = facts.addon_configuration(model.resources[addon])
+    assert config["manager"]["nodeSelector"] == {"kubernetes.io/os": "linux", "role": "system"}
+    broken = json.loads(json.dumps(model.template))
+    values = broken["Resources"][addon]["Properties"]["ConfigurationValues"]["Fn::Join"][1]
+    values[0] = values[0].replace('"manager":{"nodeSelector":{"kubernetes.io/os":"linux","role":"system"}},', "")
+    assert [f.resource for f in _found(StackModel(broken), "no_unmovable_pods_on_autoscaled_nodes")] == [addon]
+
+
+def test_the_system_node_still_holds_what_is_pinned_to_it(variants: dict[str, StackModel]) -> None:
+    budget = rules.system_budget(variants["all"])
+    assert budget is not None
+    # m7i.xlarge: 4 vCPUs less 80m for the kubelet (nodeadm's reservation: 60 + 10 + 5 + 5).
+    assert budget.allocatable_m == allocatable_cpu_m(4) == 3920
+    assert budget.requested_m <= budget.allocatable_m
+    assert "CloudWatch cloudwatch-agent-ray: 100m" in budget.lines and "CloudWatch add-on manager: 100m" in budget.lines
+
+
+def test_the_budget_rule_fails_when_the_system_node_is_too_small(variants: dict[str, StackModel]) -> None:
+    broken = json.loads(json.dumps(variants["all"].template))
+    (system,) = [k for k, r in broken["Resources"].items()
+                 if r["Type"] == "AWS::EKS::Nodegroup" and r["Properties"]["Labels"].get("role") == "system"]  # fmt: skip
+    broken["Resources"][system]["Properties"]["InstanceTypes"] = ["m7i.large"]
+    (finding,) = _found(StackModel(broken), "system_nodes_hold_their_pods")
+    assert finding.resource == system and "1930m allocatable" in finding.missing
+
+
+def test_new_cluster_on_one_system_node_could_never_complete() -> None:
+    (finding,) = _found(before("new_cluster"), "new_cluster_upgrade_fits")
+    assert "a second Ray head (2000m) does not fit beside the first" in finding.missing
+
+
+def test_new_cluster_on_one_system_node_is_refused_with_the_setting_and_the_fix() -> None:
+    with pytest.raises(ConfigError, match=r"system_node_count=1.*Fix: set system_node_count=2"):
+        DeploymentConfig.create(ray_upgrade_strategy="NewCluster")
+    with pytest.raises(ConfigError, match=r"Ray head \(2.5 CPU\)"):
+        DeploymentConfig.create(ray_upgrade_strategy="NewCluster", autoscaling=True)
+    assert DeploymentConfig.create(ray_upgrade_strategy="NewCluster", system_instance_type="m7i.2xlarge")
+
+
+def test_switching_observability_off_left_the_metrics_policy_in_the_cluster() -> None:
+    (finding,) = rules.pruned_objects_leave(before("default"), before("observability_off"))
+    assert "NetworkPolicy/inference/ray-metrics-from-scraper leaves the manifest" in finding.missing
+
+
+def test_the_preflight_rule_fails_when_preflight_misses_a_named_group(variants: dict[str, StackModel]) -> None:
+    config = DeploymentConfig.create()
+    only_control_plane = named_log_groups(config.cluster_name, observability=False)
+    found = rules.named_log_groups_preflighted(variants["default"], only_control_plane)
+    assert sorted(f.missing.split()[-1].rsplit("/", 1)[-1] for f in found) == [
+        "application", "dataplane", "host", "performance", "prometheus"
+    ]  # fmt: skip
+
+
+def test_the_serve_port_admitted_the_whole_vpc_and_not_the_nlb_subnets() -> None:
+    found = _found(before("internal"), "serve_port_admits_nlb_subnets")
+    assert sorted(f.missing.split(" (")[0].split(") ")[-1] for f in found) == [
+        "NetworkPolicy/inference/ray-serve-from-clients admits 10.0.0.0/16 beyond the NLB subnets",
+        "NetworkPolicy/inference/ray-serve-from-clients does not admit NLB subnet ${PdServingNetworkPrivateSubnet1Subnet494C129E}",
+        "NetworkPolicy/inference/ray-serve-from-clients does not admit NLB subnet ${PdServingNetworkPrivateSubnet2SubnetF0A791F7}",
+    ]  # fmt: skip
+
+
+# --- the model on small templates --------------------------------------------------------------
+
+HAND = {
+    "Resources": {
+        "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.0.0.0/16"}},
+        "Subnet": {"Type": "AWS::EC2::Subnet", "Properties": {"VpcId": {"Ref": "Vpc"}}},
+        "Group": {"Type": "AWS::EC2::SecurityGroup", "Properties": {"VpcId": {"Fn::GetAtt": ["Vpc", "VpcId"]}}},
+        "Name": {"Type": "AWS::SSM::Parameter", "Properties": {"Value": {"Fn::Sub": "${Group.GroupId}-${AWS::Region}"}}},
+        "Late": {"Type": "AWS::SNS::Topic", "DependsOn": "Name"},
+    }
+}  # fmt: skip
+
+
+def test_the_model_reads_ref_getatt_sub_and_depends_on_and_orders_waves_both_ways() -> None:
+    model = StackModel(HAND)
+    assert model.edges["Name"] == {"Group"} and model.edges["Late"] == {"Name"}
+    assert model.create_waves() == [["Vpc"], ["Group", "Subnet"], ["Name"], ["Late"]]
+    assert model.delete_waves() == [["Late", "Subnet"], ["Name"], ["Group"], ["Vpc"]]
+    assert model.deleted_before("Late", "Vpc") and not model.deleted_before("Vpc", "Late")
+
+
+def test_the_model_refuses_a_dependency_cycle() -> None:
+    cyclic = json.loads(json.dumps(HAND))
+    cyclic["Resources"]["Vpc"]["DependsOn"] = ["Late"]
+    with pytest.raises(ValueError, match="dependency cycle"):
+        StackModel(cyclic).needs("Vpc")
