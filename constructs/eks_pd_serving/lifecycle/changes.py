@@ -78,7 +78,13 @@ class Impact:
 
 
 def _leaf_paths(old: Any, new: Any, path: str = "") -> Iterator[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
+    """Changed property paths, down to the first intrinsic function (a change inside an Fn::Join
+    is a change of the property that holds it)."""
+    intrinsic = any(isinstance(v, dict) and any(k.startswith("Fn::") for k in v) for v in (old, new))
+    if intrinsic:
+        if old != new:
+            yield path or "/"
+    elif isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
             yield from _leaf_paths(old.get(key), new.get(key), f"{path}/{key}")
     elif isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
@@ -274,10 +280,14 @@ def effect(action: Action, old: Resource | None, new: Resource | None, paths: se
         if action == "replace":
             return "log group replaced: a new group; the old one is deleted with its events"
         return "log group " + ("created" if action == "add" else "settings changed")
+    if kind == "Custom::GpuCapacityCheck" and action in ("add", "modify"):
+        return "the GPU capacity check runs again (EFA, AZ offering, vCPU quota): a failure stops the update first"
     if kind.startswith(("AWS::CloudWatch::", "AWS::SNS::", "AWS::Logs::MetricFilter")):
         return "monitoring only: serving unaffected"
     if kind.startswith("AWS::IAM::") or kind == facts.POD_IDENTITY:
-        return "permissions change (pods pick up new credentials on their next refresh)"
+        if action == "modify":
+            return "permissions change: pods pick up new credentials on their next refresh"
+        return "permissions " + ("for what the change adds" if action == "add" else "removed") + ": no pod restarts"
     if kind in (facts.FUNCTION, "AWS::Lambda::LayerVersion"):
         return "deployment tooling (a provider Lambda): serving unaffected"
     return f"{kind.split('::')[-1]} {action}: serving unaffected"

@@ -1,0 +1,138 @@
+"""`impact` on real pairs of synthesized templates: what each setting change does to CloudFormation
+and to the running service."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import NO_AWS_ENV, ROOT, synth_assembly
+
+from eks_pd_serving.lifecycle.changes import Change, Impact, compare, create_only_paths
+from eks_pd_serving.lifecycle.graph import StackModel
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "g6e": {"gpu_instance_type": "g6e.8xlarge"},
+    "volume": {"gpu_root_volume_gib": 300},
+    "context": {"max_model_len": 2048},
+    "internal": {"endpoint_exposure": "internal"},
+    "observability_off": {"observability": False},
+    "autoscaling": {"autoscaling": True},
+    "wider": {"autoscaling": True, "gpu_max_node_count": 5},
+}
+
+
+@pytest.fixture(scope="module")
+def synthesized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {name: synth_assembly(tmp_path_factory.mktemp(name), nag=False, **s) for name, s in SETTINGS.items()}
+
+
+def impact(synthesized: dict[str, Path], old: str, new: str) -> Impact:
+    return compare(
+        StackModel.from_json(synthesized[old].read_text()), StackModel.from_json(synthesized[new].read_text())
+    )
+
+
+def by_type(result: Impact, type_: str) -> list[Change]:
+    return [c for c in result.changes if c.type == type_]
+
+
+def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "g6e")
+    (group,) = by_type(result, "AWS::EKS::Nodegroup")
+    assert (group.action, group.cause) == ("replace", "create-only /InstanceTypes/0")
+    assert group.effect.startswith("GPU node group replaced") and "engines reload the model" in group.effect
+    assert group.resource in result.cleanup
+    (ray,) = [o for o in result.objects if o.object == "RayService/inference/ray-llm"]
+    assert ray.effect.startswith("RayCluster config changed under upgradeStrategy None: not applied until")
+
+
+def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "volume")
+    (template,) = by_type(result, "AWS::EC2::LaunchTemplate")
+    (group,) = by_type(result, "AWS::EKS::Nodegroup")
+    assert template.action == "modify" and "VolumeSize" in template.cause
+    # The node group's template text is unchanged; the launch template's new version carries it.
+    assert group.action == "modify" and group.cause == f"/LaunchTemplate/Version follows {template.resource} (modify)"
+    assert "rolling update" in group.effect and "Ray workers on it restart" in group.effect
+    assert result.cleanup == ()
+
+
+def test_max_model_len_restarts_the_engines_in_place(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "context")
+    assert [(c.action, c.type) for c in result.changes] == [("modify", "Custom::AWSCDK-EKS-KubernetesResource")]
+    (ray,) = result.objects
+    assert ray.effect.startswith("serve config changed") and "engines restart in place" in ray.effect
+
+
+def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "internal")
+    assert {c.action for c in result.changes} == {"add", "modify"}
+    assert "helm install aws-load-balancer-controller" in [c.effect for c in result.changes]
+    (policy,) = result.objects
+    assert policy.object == "NetworkPolicy/inference/ray-serve-from-clients" and "no pod restarts" in policy.effect
+
+
+def test_internal_exposure_off_deletes_the_service_before_the_controller(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "internal", "base")
+    (service,) = [c for c in result.changes if c.action == "delete" and "NLB" in c.effect]
+    (controller,) = [c for c in result.changes if c.effect.startswith("helm uninstall aws-load-balancer-controller")]
+    # The cleanup phase follows the old template: the Service (the controller removes the NLB
+    # behind its finalizer) goes before the controller.
+    assert result.cleanup.index(service.resource) < result.cleanup.index(controller.resource)
+
+
+def test_observability_off_removes_the_addon_its_logs_and_the_metrics_policy(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "observability_off")
+    assert {c.action for c in result.changes} == {"delete"}
+    (addon,) = by_type(result, "AWS::EKS::Addon")
+    assert addon.effect.startswith("CloudWatch add-on removed")
+    assert len([c for c in by_type(result, "AWS::Logs::LogGroup") if "with its events" in c.effect]) == 5
+    (policy,) = [c for c in result.changes if c.effect == "kubectl delete of NetworkPolicy"]
+    assert policy.resource.startswith("PdServingClusterServingNetworkMetricsChart")
+    assert result.objects == ()  # nothing left behind inside a manifest that stays
+
+
+def test_autoscaling_bounds_change_the_group_size_and_the_worker_group(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "autoscaling", "wider")
+    (group,) = by_type(result, "AWS::EKS::Nodegroup")
+    assert group.action == "modify" and group.cause.startswith("/ScalingConfig/MaxSize")
+    assert "aws/containers-roadmap#1259" in group.effect
+    (check,) = by_type(result, "Custom::GpuCapacityCheck")
+    assert "capacity check runs again" in check.effect
+    (ray,) = result.objects
+    assert "not applied until the cluster is recreated" in ray.effect
+
+
+def test_replacement_comes_from_the_schemas_cfn_lint_ships() -> None:
+    assert "/InstanceTypes" in create_only_paths("AWS::EKS::Nodegroup")
+    assert "/LogGroupName" in create_only_paths("AWS::Logs::LogGroup")
+    assert create_only_paths("Custom::AWSCDK-EKS-HelmChart") == ()
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**NO_AWS_ENV, "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "eks_pd_serving", "impact", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+
+
+def test_the_command_prints_a_deterministic_table_and_exits_1_on_a_change(synthesized: dict[str, Path]) -> None:
+    first = run_cli(str(synthesized["base"].parent), str(synthesized["g6e"].parent))
+    second = run_cli(str(synthesized["base"].parent), str(synthesized["g6e"].parent))
+    assert first.returncode == 1 and first.stdout == second.stdout
+    assert "REPLACE" in first.stdout and "GPU node group replaced" in first.stdout
+    assert first.stdout.rstrip().endswith("3 change(s)")
+
+
+def test_the_command_exits_0_without_a_change_and_2_on_a_missing_folder(
+    synthesized: dict[str, Path], tmp_path: Path
+) -> None:
+    same = run_cli(str(synthesized["base"]), str(synthesized["base"]))
+    assert (same.returncode, same.stdout.splitlines()[-1]) == (0, "no change")
+    missing = run_cli(str(tmp_path / "nowhere"), str(synthesized["base"]))
+    assert missing.returncode == 2 and "not found. Fix: synthesize it first" in missing.stdout
+    assert "Traceback" not in missing.stderr
