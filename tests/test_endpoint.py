@@ -135,7 +135,9 @@ def test_client_cidrs_reach_the_load_balancer_and_the_serve_port() -> None:
     assert service["spec"]["loadBalancerSourceRanges"] == ["192.168.0.0/16", "172.16.5.0/24"]
     serve = _objects(template, "NetworkPolicy")["ray-serve-from-clients"]
     blocks = [p["ipBlock"]["cidr"] for rule in serve["spec"]["ingress"] for p in rule["from"] if "ipBlock" in p]
-    assert blocks == ["10.0.0.0/16", "192.168.0.0/16", "172.16.5.0/24"]  # the NLB's own addresses first
+    # The pods see the NLB's own addresses (client IP preservation off): its subnets, not the
+    # clients (the NLB's security group admits those) and not the rest of the VPC.
+    assert blocks == ["10.0.32.0/19", "10.0.64.0/19"]
 
 
 def test_an_internal_endpoint_output_tells_how_to_read_the_nlb_address(internal: dict[str, Any]) -> None:
@@ -150,11 +152,12 @@ def test_deploy_and_destroy_order(internal: dict[str, Any]) -> None:
     endpoint = _logical_id(internal, "Custom::AWSCDK-EKS-KubernetesResource", "InternalEndpoint")
     controller = _logical_id(internal, "Custom::AWSCDK-EKS-HelmChart", "LoadBalancerController")
     ray_service = _logical_id(internal, "Custom::AWSCDK-EKS-KubernetesResource", "RayServiceChart")
-    policies = _logical_id(internal, "Custom::AWSCDK-EKS-KubernetesResource", "ServingNetwork")
+    policies = _logical_id(internal, "Custom::AWSCDK-EKS-KubernetesResource", "ServingNetworkChart")
     association = _logical_id(internal, "AWS::EKS::PodIdentityAssociation", "LoadBalancer")
     system_nodes = _logical_id(internal, "AWS::EKS::Nodegroup", "SystemNodeGroup")
     assert {controller, ray_service} <= _depends_on(internal, endpoint)
-    assert {association, system_nodes} <= _depends_on(internal, controller)
+    coredns = [k for k, v in internal["Resources"].items() if v["Properties"].get("AddonName") == "coredns"]
+    assert {association, system_nodes, *coredns} <= _depends_on(internal, controller)
     assert ray_service in _depends_on(internal, policies)
     # Nothing waits on the Service: it is the first thing destroy removes.
     assert not [k for k, v in internal["Resources"].items() if endpoint in v.get("DependsOn", [])]
@@ -179,7 +182,8 @@ WORKER = {"namespace": "inference", "labels": {**RAY_NODE_LABELS, "ray.io/node-t
 OPERATOR = {"namespace": "kuberay-system", "labels": {"app.kubernetes.io/name": "kuberay-operator"}}
 OTHER_POD = {"namespace": "default", "labels": {"app": "anything"}}
 PEER_IN_NAMESPACE = {"namespace": "inference", "labels": {"app": "client"}}
-NLB_ADDRESS = {"ip": "10.0.3.17"}
+NLB_ADDRESS = {"ip": "10.0.33.17"}  # in a private subnet, where the NLB is placed
+VPC_ELSEWHERE = {"ip": "10.0.0.17"}  # a public subnet of the same VPC
 OUTSIDE = {"ip": "203.0.113.9"}
 
 
@@ -238,6 +242,7 @@ def test_only_the_ray_cluster_reaches_the_heads_control_ports(
     assert admitted(policies, HEAD, PEER_IN_NAMESPACE, 8000)
     assert not admitted(policies, HEAD, OTHER_POD, 8000)
     assert admitted(policies, HEAD, NLB_ADDRESS, 8000) is (exposure == "internal")
+    assert not admitted(policies, HEAD, VPC_ELSEWHERE, 8000)
     assert not admitted(policies, HEAD, OUTSIDE, 8000)
 
 
@@ -297,5 +302,27 @@ def test_internal_with_a_vpc_whose_cidr_is_unknown_is_refused() -> None:
         stack, "Vpc", vpc_id="vpc-1", availability_zones=["us-east-1a", "us-east-1b"],
         private_subnet_ids=["subnet-1", "subnet-2"],
     )  # fmt: skip
-    with pytest.raises(ConfigError, match=r"^endpoint_exposure='internal' needs the brought VPC's IPv4 CIDR"):
+    with pytest.raises(
+        ConfigError, match=r"^endpoint_exposure='internal' needs the IPv4 CIDR of private subnet subnet-1"
+    ):
         PdServing(stack, "PdServing", config=DeploymentConfig.create(endpoint_exposure="internal"), vpc=vpc)
+
+
+def test_a_brought_vpc_with_subnets_in_a_secondary_cidr_admits_those_subnets() -> None:
+    app = new_app()
+    from aws_cdk import Stack
+
+    stack = Stack(app, "Brought", env={"account": "123456789012", "region": "us-east-1"})
+    vpc = ec2.Vpc.from_vpc_attributes(
+        stack, "Vpc", vpc_id="vpc-0123456789abcdef0", availability_zones=["us-east-1a", "us-east-1b"],
+        vpc_cidr_block="10.0.0.0/16",
+        private_subnet_ids=["subnet-00000000000000000", "subnet-00000000000000001"],
+        private_subnet_route_table_ids=["rtb-00000000000000000", "rtb-00000000000000001"],
+        private_subnet_ipv4_cidr_blocks=["100.64.0.0/20", "100.64.16.0/20"],
+    )  # fmt: skip
+    PdServing(stack, "PdServing", config=DeploymentConfig.create(endpoint_exposure="internal"), vpc=vpc)
+    template = dict(Template.from_stack(stack).to_json())
+    serve = _objects(template, "NetworkPolicy")["ray-serve-from-clients"]
+    blocks = [p["ipBlock"]["cidr"] for rule in serve["spec"]["ingress"] for p in rule["from"] if "ipBlock" in p]
+    assert blocks == ["100.64.0.0/20", "100.64.16.0/20"]
+    assert _objects(template, "Service")["ray-llm-endpoint"]["spec"]["loadBalancerSourceRanges"] == ["10.0.0.0/16"]

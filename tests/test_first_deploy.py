@@ -187,9 +187,13 @@ def test_upgrade_strategy_is_explicit_and_in_place_by_default(template: Template
 
 
 def test_new_cluster_upgrades_are_a_setting_with_a_warning(stack_factory: Callable[..., PdServingStack]) -> None:
-    stack = stack_factory(ray_upgrade_strategy="NewCluster")
+    # Two system nodes: the new cluster's head has room beside the first (one is refused).
+    stack = stack_factory(ray_upgrade_strategy="NewCluster", system_node_count=2)
     assert ray_service(Template.from_stack(stack))["spec"]["upgradeStrategy"] == {"type": "NewCluster"}
-    assert any("NewCluster" in w for w in DeploymentConfig.create(ray_upgrade_strategy="NewCluster").warnings())
+    config = DeploymentConfig.create(ray_upgrade_strategy="NewCluster", system_node_count=2)
+    assert any("NewCluster" in w and "fixed GPU node counts" in w for w in config.warnings())
+    with_autoscaling = DeploymentConfig.create(ray_upgrade_strategy="NewCluster", system_node_count=2, autoscaling=True)
+    assert not any("NewCluster" in w for w in with_autoscaling.warnings())
 
 
 def _shm_bytes(pod: dict[str, Any]) -> int:

@@ -156,8 +156,7 @@ def test_the_system_node_still_holds_what_is_pinned_to_it(variants: dict[str, St
 
 def test_the_budget_rule_fails_when_the_system_node_is_too_small(variants: dict[str, StackModel]) -> None:
     broken = json.loads(json.dumps(variants["all"].template))
-    (system,) = [k for k, r in broken["Resources"].items()
-                 if r["Type"] == "AWS::EKS::Nodegroup" and r["Properties"]["Labels"].get("role") == "system"]  # fmt: skip
+    (system,) = [r.id for r in facts.nodegroups_for(variants["all"], {"role": "system"})]
     broken["Resources"][system]["Properties"]["InstanceTypes"] = ["m7i.large"]
     (finding,) = _found(StackModel(broken), "system_nodes_hold_their_pods")
     assert finding.resource == system and "1930m allocatable" in finding.missing
@@ -192,11 +191,12 @@ def test_the_preflight_rule_fails_when_preflight_misses_a_named_group(variants: 
 
 def test_the_serve_port_admitted_the_whole_vpc_and_not_the_nlb_subnets() -> None:
     found = _found(before("internal"), "serve_port_admits_nlb_subnets")
-    assert sorted(f.missing.split(" (")[0].split(") ")[-1] for f in found) == [
-        "NetworkPolicy/inference/ray-serve-from-clients admits 10.0.0.0/16 beyond the NLB subnets",
-        "NetworkPolicy/inference/ray-serve-from-clients does not admit NLB subnet ${PdServingNetworkPrivateSubnet1Subnet494C129E}",
-        "NetworkPolicy/inference/ray-serve-from-clients does not admit NLB subnet ${PdServingNetworkPrivateSubnet2SubnetF0A791F7}",
-    ]  # fmt: skip
+    policy = "NetworkPolicy/inference/ray-serve-from-clients"
+    assert sorted(f.missing.removeprefix(policy + " ") for f in found) == [
+        "admits 10.0.0.0/16 beyond the NLB subnets",
+        "does not admit NLB subnet ${PdServingNetworkPrivateSubnet1Subnet494C129E} (10.0.32.0/19)",
+        "does not admit NLB subnet ${PdServingNetworkPrivateSubnet2SubnetF0A791F7} (10.0.64.0/19)",
+    ]
 
 
 # --- the model on small templates --------------------------------------------------------------
@@ -206,7 +206,8 @@ HAND = {
         "Vpc": {"Type": "AWS::EC2::VPC", "Properties": {"CidrBlock": "10.0.0.0/16"}},
         "Subnet": {"Type": "AWS::EC2::Subnet", "Properties": {"VpcId": {"Ref": "Vpc"}}},
         "Group": {"Type": "AWS::EC2::SecurityGroup", "Properties": {"VpcId": {"Fn::GetAtt": ["Vpc", "VpcId"]}}},
-        "Name": {"Type": "AWS::SSM::Parameter", "Properties": {"Value": {"Fn::Sub": "${Group.GroupId}-${AWS::Region}"}}},
+        "Name": {"Type": "AWS::SSM::Parameter",
+                 "Properties": {"Value": {"Fn::Sub": "${Group.GroupId}-${AWS::Region}"}}},
         "Late": {"Type": "AWS::SNS::Topic", "DependsOn": "Name"},
     }
 }  # fmt: skip
