@@ -69,7 +69,7 @@ def test_no_object_kubectl_cannot_prune_leaves_a_manifest_when_a_setting_flips(
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 10
+    assert len(rules.TEMPLATE_RULES) == 11
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -160,6 +160,19 @@ def test_the_budget_rule_fails_when_the_system_node_is_too_small(variants: dict[
     broken["Resources"][system]["Properties"]["InstanceTypes"] = ["m7i.large"]
     (finding,) = _found(StackModel(broken), "system_nodes_hold_their_pods")
     assert finding.resource == system and "1930m allocatable" in finding.missing
+
+
+def test_a_workload_that_does_not_wait_for_its_nodes_is_found(variants: dict[str, StackModel]) -> None:
+    broken = json.loads(json.dumps(variants["per_phase"].template))
+    (ray,) = [k for k, r in broken["Resources"].items() if k.startswith("PdServingClusterRayServiceChart")]
+    decode = [g.id for g in facts.nodegroups_for(variants["per_phase"], {"phase": "decode"})]
+    assert len(decode) == 1
+    # Drop every edge that leads to the decode nodes (directly, or through the device plugins).
+    model = variants["per_phase"]
+    kept = [d for d in broken["Resources"][ray]["DependsOn"] if d != decode[0] and decode[0] not in model.needs(d)]
+    broken["Resources"][ray]["DependsOn"] = kept
+    (finding,) = rules.workloads_follow_their_nodes(StackModel(broken))
+    assert finding.resource == ray and finding.missing.endswith(f"no dependency on {decode[0]} (its pods run there)")
 
 
 def test_new_cluster_on_one_system_node_could_never_complete() -> None:

@@ -228,6 +228,51 @@ def no_unmovable_pods_on_autoscaled_nodes(model: StackModel) -> list[Finding]:
     return found
 
 
+def _selectors(model: StackModel, resource: Resource) -> list[tuple[str, Mapping[str, str]]]:
+    """(what, nodeSelector) for the pods a kubectl/Helm resource or an add-on's configuration places."""
+    if resource.type == facts.HELM:
+        selector = facts.helm_values(resource).get("nodeSelector")
+        return [(f"{facts.release(resource)}", selector)] if selector else []
+    if resource.type == facts.ADDON:
+        config = facts.addon_configuration(resource)
+        found = [("manager", (config.get("manager") or {}).get("nodeSelector"))]
+        found += [(str(a.get("name")), a.get("nodeSelector")) for a in rendered_agents(config)]
+        return [(what, selector) for what, selector in found if selector]
+    found = []
+    for obj in facts.kube_objects(resource):
+        if obj.kind == "RayService":
+            cluster = obj.body["spec"]["rayClusterConfig"]
+            groups = [("head", cluster["headGroupSpec"])]
+            groups += [(g["groupName"], g) for g in cluster.get("workerGroupSpecs", [])]
+            found += [(f"{obj.key} {name}", g["template"]["spec"].get("nodeSelector") or {}) for name, g in groups]
+    return [(what, selector) for what, selector in found if selector]
+
+
+def workloads_follow_their_nodes(model: StackModel) -> list[Finding]:
+    """Whatever places pods on a node group depends on it: created once the nodes exist (a Helm
+    `--wait` or an add-on would time out otherwise), deleted while they still run its pods."""
+    found = []
+    for resource in model.resources.values():
+        if resource.type not in (*facts.KUBECTL_TYPES, facts.ADDON):
+            continue
+        for what, selector in _selectors(model, resource):
+            groups = facts.nodegroups_for(model, selector)
+            if not groups:
+                found.append(
+                    Finding(
+                        "workloads_follow_their_nodes", resource.id, f"{what}: no node group matches {dict(selector)}"
+                    )
+                )
+            found += [
+                Finding(
+                    "workloads_follow_their_nodes", resource.id, f"{what}: no dependency on {g.id} (its pods run there)"
+                )
+                for g in groups
+                if not model.deleted_before(resource.id, g.id)
+            ]
+    return found
+
+
 def _cpu_m(quantity: Any) -> int:
     text = str(quantity)
     return int(text[:-1]) if text.endswith("m") else int(float(text) * 1000)
@@ -444,6 +489,7 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         aws_controllers_outlive_credentials_and_nodes,
         finalized_objects_outlive_no_controller,
         no_unmovable_pods_on_autoscaled_nodes,
+        workloads_follow_their_nodes,
         system_nodes_hold_their_pods,
         new_cluster_upgrade_fits,
         serve_port_admits_nlb_subnets,
