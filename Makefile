@@ -94,7 +94,7 @@ rehearse-gpu-image: synth
 lint: $(VENV)/.test-deps
 	$(PY) -m ruff format --check .
 	$(PY) -m ruff check .
-	$(PY) -m mypy app.py stacks constructs/eks_pd_serving k8s tools rehearsal tests
+	$(PY) -m mypy app.py stacks constructs/eks_pd_serving tools rehearsal tests
 
 CORE_DEPS := $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps node_modules/.deps
 TEST_DEPS := $(CORE_DEPS) $(VENV_REHEARSE)/.deps

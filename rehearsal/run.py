@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.endpoint_check import check_endpoint
-from eks_pd_serving.observability_metrics import JOIN_METRIC, OTLP_METRICS
+from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
 
 from . import autoscale, profile, tiny_checkpoint, verdict
 from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins

@@ -135,7 +135,7 @@ def resources_of_type(template: dict[str, Any], type_: str) -> dict[str, dict[st
 def cloudwatch_agent(template: dict[str, Any], name: str, region: str) -> dict[str, Any]:
     """One agent of the CloudWatch Observability add-on's configuration values, resolved in ``region``."""
     from eks_pd_serving.assembly import resolve
-    from eks_pd_serving.observability_metrics import ADDON_NAME
+    from eks_pd_serving.observability import ADDON_NAME
 
     (addon,) = [
         v for v in resources_of_type(template, "AWS::EKS::Addon").values() if v["Properties"]["AddonName"] == ADDON_NAME

@@ -19,9 +19,10 @@ from conftest import NO_AWS_ENV, ROOT, build_stack, resources_of_type, synth_ass
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving import versions
+from eks_pd_serving._private.policies import published_policy
 from eks_pd_serving.assembly import helm_releases, kubernetes_objects
 from eks_pd_serving.cli import cost
-from eks_pd_serving.cluster_autoscaler import MUTATING_ACTIONS, published_policy
+from eks_pd_serving.cluster_autoscaler import MUTATING_ACTIONS
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.layout import SYSTEM_NODE_LABELS
 
@@ -269,7 +270,7 @@ def test_the_autoscaler_gets_the_published_policy_scoped_to_this_cluster(scaled:
     assert role["ManagedPolicyArns"] == [{"Ref": policy_id}]
     statements = scaled["Resources"][policy_id]["Properties"]["PolicyDocument"]["Statement"]
     granted = {a for s in statements for a in s["Action"]}
-    published = {a for s in published_policy()["Statement"] for a in s["Action"]}
+    published = {a for s in published_policy(versions.CLUSTER_AUTOSCALER_POLICY)["Statement"] for a in s["Action"]}
     assert granted == published  # nothing dropped, nothing added
     (cluster_id,) = resources_of_type(scaled, "AWS::EKS::Cluster")
     for statement in statements:

@@ -15,12 +15,12 @@ from aws_cdk.assertions import Template
 from conftest import build_stack, new_app
 
 from eks_pd_serving import versions
+from eks_pd_serving._private.policies import published_policy
 from eks_pd_serving.assembly import helm_releases, kubernetes_objects
 from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.k8s.network import NLB_CLASS, RAY_NODE_LABELS
 from eks_pd_serving.layout import SYSTEM_NODE_LABELS
-from eks_pd_serving.load_balancer_controller import published_policy
 from eks_pd_serving.pd_serving import PdServing
-from k8s.network import NLB_CLASS, RAY_NODE_LABELS
 
 KUBERNETES_SCHEMA = f"{versions.DEFAULT_KUBERNETES_VERSION}.0"
 # docs/install/iam_policy.json at kubernetes-sigs/aws-load-balancer-controller tag v3.5.0.
@@ -89,7 +89,8 @@ def test_the_controller_gets_its_releases_policy_through_pod_identity(internal: 
     }
     assert {s["Principal"]["Service"] for s in trust} == {"pods.eks.amazonaws.com"}
     (policy,) = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::IAM::ManagedPolicy"]
-    assert policy["PolicyDocument"] == published_policy()  # byte for byte what the release publishes
+    # Byte for byte what the release publishes.
+    assert policy["PolicyDocument"] == published_policy(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY)
     assert role["ManagedPolicyArns"] == [{"Ref": _logical_id(internal, "AWS::IAM::ManagedPolicy", "LoadBalancer")}]
 
 
@@ -103,7 +104,7 @@ def test_the_shipped_policy_is_the_pinned_releases_file() -> None:
     assert hashlib.sha256(data).hexdigest() == POLICY_SHA256
     actions = {
         a
-        for s in published_policy()["Statement"]
+        for s in published_policy(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY)["Statement"]
         for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
     }
     assert "elasticloadbalancing:CreateLoadBalancer" in actions and "ec2:AuthorizeSecurityGroupIngress" in actions

@@ -14,7 +14,7 @@ import pytest
 from aws_cdk.assertions import Template
 from conftest import build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
 
-from eks_pd_serving import observability_metrics as om
+from eks_pd_serving import observability as om
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects, resolve
 from eks_pd_serving.config import ConfigError, DeploymentConfig

@@ -21,7 +21,7 @@ import pytest
 from aws_cdk.assertions import Template
 from conftest import cloudwatch_agent, resources_of_type
 
-from eks_pd_serving import observability_metrics as om
+from eks_pd_serving import observability as om
 from eks_pd_serving.assembly import resolve
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -54,6 +54,41 @@ def test_aws_cdk_lib_pin_matches_the_versions_module() -> None:
     assert f"aws-cdk-lib=={versions.AWS_CDK_LIB_VERSION}" in (ROOT / "requirements.txt").read_text()
 
 
+# --- what may import what ---------------------------------------------------------------------------
+PACKAGE = ROOT / "constructs" / "eks_pd_serving"
+
+
+def imported_modules(folder: Path) -> dict[str, set[str]]:
+    """file -> the top-level names of every module it imports (absolute imports only)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module.split(".")[0])
+        found[str(path.relative_to(folder))] = names
+    return found
+
+
+@pytest.mark.parametrize(
+    ("folder", "forbidden"), [("k8s", "aws_cdk"), ("lifecycle", "aws_cdk"), ("lifecycle", "cdk8s")]
+)
+def test_the_cdk_free_parts_import_no_cdk(folder: str, forbidden: str) -> None:
+    # The charts know nothing of CloudFormation; the lifecycle model reads plain JSON.
+    offenders = [f for f, names in imported_modules(PACKAGE / folder).items() if forbidden in names]
+    assert offenders == []
+
+
+def test_the_import_check_sees_an_offender(tmp_path: Path) -> None:
+    (tmp_path / "chart.py").write_text("from aws_cdk import Stack\n")
+    (tmp_path / "relative.py").write_text("from .specs import x\nimport cdk8s.plus\n")
+    assert imported_modules(tmp_path) == {"chart.py": {"aws_cdk"}, "relative.py": {"cdk8s"}}
+
+
 # --- the construct as a pipeline consumes it ----------------------------------------------------
 EXAMPLE = ROOT / "examples" / "account_vending"
 
@@ -72,7 +107,8 @@ def installed_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     (wheel,) = build.glob("eks_pd_serving-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert "eks_pd_serving/k8s/ray_service.py" in names and "eks_pd_serving/cli/verify.py" in names
+    assert {"eks_pd_serving/k8s/ray_service.py", "eks_pd_serving/cli/verify.py", "eks_pd_serving/lifecycle/rules.py",
+            "eks_pd_serving/policies/cluster-autoscaler-v1.35.2.json"} <= set(names)  # fmt: skip
     assert not any(n.startswith(("constructs/", "k8s/", "stacks/", "tests/")) for n in names)
     site = tmp_path_factory.mktemp("site")
     subprocess.run(

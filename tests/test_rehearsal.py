@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import ROOT, log_filter_matches
 
-from eks_pd_serving import observability_metrics as om
+from eks_pd_serving import observability as om
 from rehearsal import profile
 
 PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))

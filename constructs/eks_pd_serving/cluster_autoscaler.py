@@ -11,8 +11,6 @@ managed node groups' groups), ``eks:DescribeNodegroup`` only on this cluster's n
 from __future__ import annotations
 
 import copy
-import json
-from importlib import resources
 from typing import Any, cast
 
 from aws_cdk import Aws
@@ -24,6 +22,7 @@ from . import versions
 from ._private import nag
 from ._private.helm import helm_chart
 from ._private.pod_identity import pod_identity_role
+from ._private.policies import published_policy
 from .layout import SYSTEM_NODE_LABELS
 
 RELEASE = "cluster-autoscaler"
@@ -36,12 +35,6 @@ DESCRIBE_NODEGROUP = "eks:DescribeNodegroup"
 CLUSTER_TAG_CONDITION = "aws:ResourceTag/eks:cluster-name"
 # The chart's own documented example (values.yaml, `resources`).
 RESOURCES = {"cpu": "100m", "memory": "300Mi"}
-
-
-def published_policy() -> dict[str, Any]:
-    """The release's published IAM policy document, as shipped in this package."""
-    text = resources.files("eks_pd_serving").joinpath(versions.CLUSTER_AUTOSCALER_POLICY).read_text()
-    return dict(json.loads(text))
 
 
 def scoped_policy(document: dict[str, Any], cluster_name: str) -> dict[str, Any]:
@@ -71,7 +64,7 @@ class ClusterAutoscaler(Construct):
         self, scope: Construct, id: str, *, cluster: eks.Cluster, kubernetes_version: str, region: str
     ) -> None:
         super().__init__(scope, id)
-        document = scoped_policy(published_policy(), cluster.cluster_name)
+        document = scoped_policy(published_policy(versions.CLUSTER_AUTOSCALER_POLICY), cluster.cluster_name)
         self.policy = iam.CfnManagedPolicy(
             self,
             "Policy",

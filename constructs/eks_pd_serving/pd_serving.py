@@ -10,26 +10,26 @@ from aws_cdk import Annotations, Aws, Token
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from . import observability_metrics, versions
+from . import observability, versions
 from .capacity_check import GpuCapacityCheck
-from .cloudwatch_observability import CloudWatchObservability
 from .cluster import EksCluster, EksClusterProps
 from .cluster_autoscaler import ClusterAutoscaler
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
+from .endpoint.internal_endpoint import InternalEndpoint
+from .endpoint.load_balancer_controller import AwsLoadBalancerController
+from .endpoint.serving_network import ServingNetwork
 from .gpu_node_group import EfaGpuNodeGroup
-from .internal_endpoint import InternalEndpoint
 from .k8s import EndpointServiceProps, ServingNetworkProps
 from .k8s.network import endpoint_service_name
 from .kuberay_operator import NAMESPACE as OPERATOR_NAMESPACE
 from .kuberay_operator import KubeRayOperator
-from .load_balancer_controller import AwsLoadBalancerController
 from .log_groups import LogGroups
 from .network import Network
+from .observability.addon import CloudWatchObservability
+from .observability.dashboard import ServingDashboard
 from .ray_service import RayServiceManifest
 from .ray_service_props import ray_service_props
-from .serving_dashboard import ServingDashboard
-from .serving_network import ServingNetwork
 
 
 class PdServing(Construct):
@@ -180,8 +180,8 @@ class PdServing(Construct):
                 namespace=namespace,
                 operator_namespace=OPERATOR_NAMESPACE,
                 client_cidrs=policy_cidrs,
-                metrics_scraper_namespace=observability_metrics.ADDON_NAMESPACE if config.observability else None,
-                metrics_port=observability_metrics.RAY_METRICS_PORT,
+                metrics_scraper_namespace=observability.ADDON_NAMESPACE if config.observability else None,
+                metrics_port=observability.RAY_METRICS_PORT,
             ),
             cluster=self.eks.cluster,
             ray_service=self.ray_service,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..observability_metrics import ADDON_NAME, custom_metric_count
+from ..observability import ADDON_NAME, custom_metric_count
 from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
 

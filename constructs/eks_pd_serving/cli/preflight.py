@@ -21,7 +21,7 @@ from typing import Any
 from ..capacity.checks import check_capacity, offered_azs
 from ..config import DeploymentConfig
 from ..lifecycle.needs import named_log_groups
-from ..observability_metrics import ADDON_NAME, addon_configuration
+from ..observability import ADDON_NAME, addon_configuration
 from ._common import add_config_arguments, console, load_config, table
 
 BOOTSTRAP_STACK = "CDKToolkit"

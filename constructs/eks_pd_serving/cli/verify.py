@@ -31,7 +31,7 @@ import httpx
 from ..endpoint_check import EndpointFailed, check_endpoint
 from ..k8s.network import endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from ..observability_metrics import CONTAINER_INSIGHTS, EFA_RX_BYTES
+from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES
 from ._common import add_config_arguments, console, load_config, table
 
 LIBFABRIC = "Backend LIBFABRIC was instantiated"

@@ -69,7 +69,7 @@ def named_log_groups(cluster_name: str, *, observability: bool) -> list[str]:
     """The log groups the stack creates under names AWS fixes: CloudFormation cannot create one
     that already exists (an earlier Container Insights setup, a cluster of the same name), so
     ``preflight`` looks for each before the first deploy."""
-    from ..observability_metrics import log_group_names
+    from ..observability import log_group_names
 
     return [
         control_plane_log_group_name(cluster_name),

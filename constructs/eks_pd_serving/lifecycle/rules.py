@@ -12,8 +12,8 @@ from typing import Any
 
 from ..catalog import INSTANCE_TYPES
 from ..layout import SYSTEM_NODE_LABELS
-from ..observability_metrics import ADDON_NAME as CLOUDWATCH_ADDON
-from ..observability_metrics import CLUSTER_SCRAPER_AGENT
+from ..observability import ADDON_NAME as CLOUDWATCH_ADDON
+from ..observability import CLUSTER_SCRAPER_AGENT
 from . import facts, needs
 from .graph import Resource, StackModel, named
 

@@ -7,31 +7,24 @@ controller's release publishes (``policies/``), not a retyped one.
 
 from __future__ import annotations
 
-import json
-from importlib import resources
-from typing import Any, cast
+from typing import cast
 
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
-from . import versions
-from ._private import checkov, nag
-from ._private.helm import helm_chart
-from ._private.pod_identity import pod_identity_role
-from .layout import SYSTEM_NODE_LABELS
+from .. import versions
+from .._private import checkov, nag
+from .._private.helm import helm_chart
+from .._private.pod_identity import pod_identity_role
+from .._private.policies import published_policy
+from ..layout import SYSTEM_NODE_LABELS
 
 RELEASE = "aws-load-balancer-controller"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "aws-load-balancer-controller"
 VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION
-
-
-def published_policy() -> dict[str, Any]:
-    """The controller release's own IAM policy document, as shipped in this package."""
-    text = resources.files("eks_pd_serving").joinpath(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY).read_text()
-    return dict(json.loads(text))
 
 
 class AwsLoadBalancerController(Construct):
@@ -42,7 +35,7 @@ class AwsLoadBalancerController(Construct):
 
     def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster, vpc: ec2.IVpc, region: str) -> None:
         super().__init__(scope, id)
-        document = published_policy()
+        document = published_policy(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY)
         # The L1 resource: the document goes in exactly as published (the L2 would rewrite and
         # merge its statements).
         self.policy = iam.CfnManagedPolicy(

@@ -13,9 +13,9 @@ import cdk8s
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from .k8s import EndpointServiceChart, EndpointServiceProps
+from ..k8s import EndpointServiceChart, EndpointServiceProps
+from ..ray_service import RayServiceManifest
 from .load_balancer_controller import AwsLoadBalancerController
-from .ray_service import RayServiceManifest
 
 
 class InternalEndpoint(Construct):

@@ -1,4 +1,5 @@
-"""One CloudWatch dashboard for the deployment, and the two alarms that watch the KV path.
+"""One CloudWatch dashboard for the deployment, with the two alarms that watch the KV path
+(``alarms``).
 
 - Per Serve deployment (prefill, decode, the OpenAI ingress): requests running, waiting and served
   a minute; for the engines: generated tokens a second, finished requests and prompt tokens by
@@ -18,20 +19,16 @@ from collections.abc import Sequence
 
 from aws_cdk import Duration
 from aws_cdk import aws_cloudwatch as cw
-from aws_cdk import aws_cloudwatch_actions as cw_actions
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_sns as sns
-from aws_cdk import aws_sns_subscriptions as subscriptions
 from constructs import Construct
 
-from . import observability_metrics as om
-from ._private.kms import rotating_key
+from . import catalogue as om
+from . import promql
+from .alarms import cluster_total, kv_path_alarms
 
 WIDTH = 8
 HEIGHT = 6
 PERIOD = Duration.seconds(om.PERIOD_S)
-ALARM_PERIOD = Duration.minutes(5)
 
 
 def _search(namespace: str, dimensions: Sequence[str], metric: str, cluster_name: str, statistic: str) -> str:
@@ -48,17 +45,6 @@ def _ray(metric: om.RayMetric, cluster_name: str) -> cw.MathExpression:
         expression=_search(om.NAMESPACE, ("ClusterName", *metric.dimensions), metric.name, cluster_name, statistic),
         using_metrics={},
         period=PERIOD,
-    )
-
-
-def _cluster_total(namespace: str, metric: str, cluster_name: str, period: Duration) -> cw.Metric:
-    """The Sum of a metric over the whole cluster (its ClusterName-only dimension)."""
-    return cw.Metric(
-        namespace=namespace,
-        metric_name=metric,
-        dimensions_map={"ClusterName": cluster_name},
-        statistic="Sum",
-        period=period,
     )
 
 
@@ -82,7 +68,7 @@ def promql_markdown(cluster_name: str) -> str:
         "CloudWatch console, Query Studio, language PromQL; paste a query, Run. Each line is one "
         "replica, labelled with its `deployment`.",
     ]
-    for panel in om.promql_panels(cluster_name):
+    for panel in promql.promql_panels(cluster_name):
         lines.append(f"**{panel.title}**")
         lines += [f"- {legend}: `{query}`" for legend, query in panel.queries]
     return "\n\n".join(lines)
@@ -109,63 +95,11 @@ class ServingDashboard(Construct):
         super().__init__(scope, id)
         by_name = {metric.name: metric for metric in om.RAY_METRICS}
 
-        # --- alarms -------------------------------------------------------------------------
-        ucx_namespace = f"{om.NAMESPACE}/{cluster_name}"
-        self.ucx_filter = logs.MetricFilter(
-            self,
-            "UcxLines",
-            log_group=application_logs,
-            filter_pattern=logs.FilterPattern.literal(om.UCX_FILTER_PATTERN),
-            metric_namespace=ucx_namespace,
-            metric_name=om.UCX_METRIC,
-            metric_value="1",
-        )
-        self.ucx_alarm = cw.Alarm(
-            self,
-            "UcxFallback",
-            alarm_description=(
-                f"{cluster_name}: a vLLM engine logged '{om.UCX_LINE}': NIXL moves the KV cache over "
-                "UCX (TCP), not LIBFABRIC (EFA). Check the EFA device plugin and the pods' "
-                "vpc.amazonaws.com/efa resources (README, Troubleshooting)."
-            ),
-            metric=self.ucx_filter.metric(statistic="Sum", period=ALARM_PERIOD),
-            threshold=1,
-            evaluation_periods=1,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
-        )
-        served = _cluster_total(om.NAMESPACE, om.REQUESTS_SERVED, cluster_name, ALARM_PERIOD)
-        efa_bytes = _cluster_total(om.CONTAINER_INSIGHTS, om.EFA_RX_BYTES, cluster_name, ALARM_PERIOD)
-        self.efa_alarm = cw.Alarm(
-            self,
-            "KvNotOverEfa",
-            alarm_description=(
-                f"{cluster_name}: requests finished while the GPU nodes' EFA byte counters did not move: "
-                "the KV cache is not crossing EFA (or Container Insights' EFA metrics are missing)."
-            ),
-            metric=cw.MathExpression(
-                expression="IF(served > 0 AND FILL(efa, 0) == 0, 1, 0)",
-                using_metrics={"served": served, "efa": efa_bytes},
-                period=ALARM_PERIOD,
-                label="requests served without EFA traffic",
-            ),
-            threshold=1,
-            evaluation_periods=2,
-            datapoints_to_alarm=2,
-            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
-        )
-        self.alarms = (self.ucx_alarm, self.efa_alarm)
-        self.topic: sns.Topic | None = None
-        if alarm_email:
-            key = rotating_key(self, "TopicKey", f"Encryption of {cluster_name}'s alarm topic")
-            # CloudWatch alarms publish to an encrypted topic with the key's data keys.
-            key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey*")
-            self.topic = sns.Topic(self, "AlarmTopic", master_key=key, enforce_ssl=True)
-            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
-            for alarm in self.alarms:
-                alarm.add_alarm_action(cw_actions.SnsAction(self.topic))
-                alarm.add_ok_action(cw_actions.SnsAction(self.topic))
+        kv = kv_path_alarms(self, cluster_name=cluster_name, application_logs=application_logs, alarm_email=alarm_email)
+        self.ucx_filter = kv.ucx_filter
+        self.ucx_alarm, self.efa_alarm = kv.alarms
+        self.alarms = kv.alarms
+        self.topic = kv.topic
 
         # --- dashboard ----------------------------------------------------------------------
         def graph(title: str, metrics: list[cw.IMetric], unit: str = "") -> cw.GraphWidget:
@@ -177,7 +111,7 @@ class ServingDashboard(Construct):
                 left_y_axis=cw.YAxisProps(label=unit, show_units=False, min=0),
             )
 
-        tokens = _cluster_total(om.NAMESPACE, "ray_vllm_generation_tokens_total", cluster_name, PERIOD)
+        tokens = cluster_total(om.NAMESPACE, "ray_vllm_generation_tokens_total", cluster_name, PERIOD)
         nat: list[cw.IMetric] = []
         for name in om.NAT_METRICS:
             if nat_gateway_ids:

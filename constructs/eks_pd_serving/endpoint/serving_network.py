@@ -9,8 +9,8 @@ import cdk8s
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
-from .k8s import MetricsAccessChart, ServingNetworkChart, ServingNetworkProps
-from .ray_service import RayServiceManifest
+from ..k8s import MetricsAccessChart, ServingNetworkChart, ServingNetworkProps
+from ..ray_service import RayServiceManifest
 
 
 class ServingNetwork(Construct):

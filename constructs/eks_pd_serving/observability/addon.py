@@ -1,6 +1,6 @@
 """The Amazon CloudWatch Observability EKS add-on: Container Insights with enhanced observability
 (GPU metrics from its DCGM exporter, EFA metrics), container logs (Fluent Bit), and one more
-CloudWatch agent that scrapes the Ray pods' Prometheus endpoint (observability_metrics).
+CloudWatch agent that scrapes the Ray pods' Prometheus endpoint (``agent``).
 
 Its agents authenticate with EKS Pod Identity (the add-on's own association, add-on v3.1.0 and
 later) as a role carrying AWS's ``CloudWatchAgentServerPolicy``, the policy AWS documents for the
@@ -17,11 +17,12 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from . import observability_metrics as om
-from . import versions
-from ._private import nag
-from ._private.pod_identity import pod_identity_service_role
-from .log_groups import LogGroups
+from .. import versions
+from .._private import nag
+from .._private.pod_identity import pod_identity_service_role
+from ..log_groups import LogGroups
+from . import agent
+from . import catalogue as om
 
 AGENT_POLICY = "CloudWatchAgentServerPolicy"
 
@@ -66,7 +67,7 @@ class CloudWatchObservability(Construct):
                 )
             },
         )
-        self.configuration = om.addon_configuration(
+        self.configuration = agent.addon_configuration(
             cluster_name=cluster_name, region=region, namespace=serving_namespace
         )
         self.addon = eks.CfnAddon(

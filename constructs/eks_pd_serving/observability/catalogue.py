@@ -1,0 +1,139 @@
+"""Every metric and log name the observability constructs use. Pure data: the agent
+configuration (``agent``), the PromQL (``promql``), the dashboard, the alarms, `cost` and the
+tests all read it from here.
+
+Three sources:
+
+- **Ray's Prometheus endpoint** (port ``metrics``, 8080, on every Ray pod; KubeRay v1.7 adds it),
+  scraped by one CloudWatch agent of the CloudWatch Observability add-on and sent as embedded
+  metric format (EMF) logs. The names are those the CPU rehearsal's endpoint exports
+  (``tests/fixtures/ray-metrics-catalogue.json``; the rehearsal test compares it with every run). The agent
+  drops Prometheus histograms on this path (AWS, "Prometheus metric type conversion by the
+  CloudWatch agent"), so only counters and gauges are listed here.
+- **The same endpoint, as OpenTelemetry metrics**: vLLM's time to first token, inter-token latency
+  and NIXL transfers are histograms. The same agent scrapes them a second time in an
+  OpenTelemetry pipeline (the chart's per-agent ``otelConfig``) and sends them to CloudWatch's OTLP
+  endpoint (AWS, "Send metrics using OpenTelemetry"), where they keep buckets and labels and are
+  queried with PromQL: p50/p99 per Serve deployment, the query shapes of Ray's own Serve LLM
+  dashboard (``PROMQL_PANELS``).
+- **Container Insights with enhanced observability** (namespace ``ContainerInsights``): the GPU
+  (DCGM) and EFA metrics per node, names and dimensions from AWS's "Amazon EKS and Kubernetes
+  Container Insights with enhanced observability metrics".
+- **Container logs** (Fluent Bit of the same add-on) in ``/aws/containerinsights/<cluster>/application``,
+  where the UCX fallback's log line is counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+ADDON_NAME: Final = "amazon-cloudwatch-observability"
+# The namespace of the metrics this stack's agent publishes from Ray's endpoint.
+NAMESPACE: Final = "EksPdServing"
+CONTAINER_INSIGHTS: Final = "ContainerInsights"
+# KubeRay v1.7 (ray-operator/controllers/ray/utils/constant.go): MetricsPortName, DefaultMetricsPort.
+RAY_METRICS_PORT_NAME: Final = "metrics"
+RAY_METRICS_PORT: Final = 8080
+# One scrape a minute: CloudWatch's standard resolution, and one datapoint per series per period,
+# so a gauge's Sum over 60 s is the sum across replicas.
+SCRAPE_INTERVAL_S: Final = 60
+PERIOD_S: Final = 60
+# The scraping agent (a Deployment of the add-on's operator, in the add-on's namespace).
+ADDON_NAMESPACE: Final = "amazon-cloudwatch"
+SERVICE_ACCOUNT: Final = "cloudwatch-agent"
+RAY_SCRAPER_AGENT: Final = "cloudwatch-agent-ray"
+# The chart's second default agent; it renders it only with otelContainerInsights.enabled (6.4.0
+# templates/linux/cloudwatch-agent-custom-resource.yaml), which this configuration leaves off.
+CLUSTER_SCRAPER_AGENT: Final = "cloudwatch-agent-cluster-scraper"
+RAY_SCRAPE_JOB: Final = "ray"
+
+# The line NIXL logs when it falls back to UCX (TCP) instead of LIBFABRIC (EFA); the same line the
+# README and `verify` name. A filter pattern term in double quotes matches it as one phrase.
+UCX_LINE: Final = "Backend UCX was instantiated"
+UCX_FILTER_PATTERN: Final = f'"{UCX_LINE}"'
+UCX_METRIC: Final = "NixlUcxBackendLines"
+
+
+@dataclass(frozen=True)
+class RayMetric:
+    """One Ray/vLLM series family as Ray's endpoint exports it, and the dimensions it is
+    published with (beside ClusterName)."""
+
+    name: str
+    kind: str  # "counter" (published as per-scrape deltas) or "gauge"
+    dimensions: tuple[str, ...]
+    # CloudWatch metrics it becomes in the PD app: one per value of its dimension, as the
+    # rehearsal's endpoint showed them (deployments Prefill:<model>, Decode:<model>, OpenAiIngress;
+    # sources local_compute, external_kv_transfer). What `cost` counts.
+    series: int = 1
+
+
+# Each family is one Ray exported in every rehearsal run: some (Serve's replica-health gauge, the
+# node and component families) were there in one run and missing from the next, and are left out.
+# Serve's own metrics carry the deployment ("Prefill:<model>", "Decode:<model>", "OpenAiIngress"):
+# the per-phase view. vLLM's carry only a replica id; its prompt tokens split by source say the
+# phase (prefill computes, decode loads "external_kv_transfer" over NIXL).
+RAY_METRICS: Final = (
+    RayMetric("ray_serve_replica_processing_queries", "gauge", ("deployment",), 3),
+    RayMetric("ray_serve_deployment_queued_queries", "gauge", ("deployment",), 3),
+    RayMetric("ray_serve_deployment_request_counter_total", "counter", ("deployment",), 3),
+    RayMetric("ray_vllm_generation_tokens_total", "counter", ()),
+    RayMetric("ray_vllm_request_success_total", "counter", ()),
+    RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), 2),
+)
+# Decode's prompt tokens loaded from prefill (the KV cache that crossed the network).
+KV_TRANSFER_SOURCE: Final = "external_kv_transfer"
+# Finished requests: the alarm's "requests were served".
+REQUESTS_SERVED: Final = "ray_vllm_request_success_total"
+
+# Container Insights with enhanced observability (AWS documentation cited above): every one is
+# published per node with dimensions ClusterName, InstanceId, NodeName, and per cluster with
+# ClusterName alone.
+NODE_DIMENSIONS: Final = ("ClusterName", "InstanceId", "NodeName")
+GPU_UTILIZATION: Final = "node_gpu_utilization"
+GPU_MEMORY_UTILIZATION: Final = "node_gpu_memory_utilization"
+EFA_RX_BYTES: Final = "node_efa_rx_bytes"
+EFA_TX_BYTES: Final = "node_efa_tx_bytes"
+CONTAINER_INSIGHTS_METRICS: Final = (GPU_UTILIZATION, GPU_MEMORY_UTILIZATION, EFA_RX_BYTES, EFA_TX_BYTES)
+# NAT gateway bytes (AWS/NATGateway, per NatGatewayId): the model download and image pulls.
+NAT_METRICS: Final = ("BytesInFromDestination", "BytesOutToDestination")
+
+
+# --- OpenTelemetry path: histograms, queried with PromQL -------------------------------------
+# The families sent to CloudWatch's OTLP endpoint, with their Prometheus types as Ray's endpoint
+# exports them (the rehearsal's catalogue holds each, with these types). The request counter is
+# there for its labels: vLLM's series carry only a WorkerId, and Serve's counter maps each
+# WorkerId to its deployment, the join Ray's own dashboard makes.
+OTLP_METRICS: Final = (
+    ("ray_vllm_time_to_first_token_seconds", "histogram"),
+    ("ray_vllm_inter_token_latency_seconds", "histogram"),
+    ("ray_vllm_nixl_xfer_time_seconds", "histogram"),
+    ("ray_vllm_nixl_bytes_transferred", "histogram"),
+    ("ray_vllm_generation_tokens_total", "counter"),
+    ("ray_serve_deployment_request_counter_total", "counter"),
+)
+OTLP_SCRAPE_JOB: Final = "ray-otlp"
+# AWS's advice for an appended collector configuration: a suffix on every component and pipeline
+# name, so none collides with what the agent (or the chart) generates.
+OTEL_SUFFIX: Final = "eks_pd_serving"
+# The series a Prometheus receiver adds to every scrape, dropped as the chart's pipeline drops them.
+SCRAPE_METADATA: Final = (
+    "^(up|scrape_duration_seconds|scrape_samples_scraped|scrape_samples_post_metric_relabeling|scrape_series_added)$"
+)
+
+
+def custom_metric_count() -> int:
+    """CloudWatch metrics the stack publishes: each Ray metric's series (more replicas add none),
+    and the UCX line count."""
+    return 1 + sum(metric.series for metric in RAY_METRICS)
+
+
+def log_group_names(cluster_name: str) -> dict[str, str]:
+    """The groups the add-on writes to (Fluent Bit: application, dataplane, host; the agent:
+    performance for Container Insights, prometheus for our scrape). Created by the stack first,
+    or they would be created on first write, outside CloudFormation, and outlive it."""
+    return {
+        kind: f"/aws/containerinsights/{cluster_name}/{kind}"
+        for kind in ("application", "dataplane", "host", "performance", "prometheus")
+    }
