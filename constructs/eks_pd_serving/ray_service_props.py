@@ -53,10 +53,11 @@ def worker_group(group: GpuGroup) -> WorkerGroupSpec:
 
 def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
     low, high = config.replica_bounds(phase)
+    settings = config.phase(phase)
     return EngineSpec(
-        replicas=getattr(config, f"{phase}_replicas"),
-        tensor_parallel_size=getattr(config, f"{phase}_tensor_parallel_size"),
-        enforce_eager=getattr(config, f"{phase}_enforce_eager"),
+        replicas=settings.replicas,
+        tensor_parallel_size=settings.tensor_parallel_size,
+        enforce_eager=settings.enforce_eager,
         placement_resource=config.gpu_group(phase).placement_resource,
         autoscaling=ReplicaAutoscaling(low, high, config.target_ongoing_requests(phase))
         if config.autoscaling

@@ -3,7 +3,9 @@
     settings.py  every setting: type, default, documentation
     fields.py    rules on one value
     rules.py     rules across settings
-    model.py     DeploymentConfig: the above, derived facts, parsing of CDK context
+    phases.py    one typed view of a phase's settings
+    derived.py   facts derived from the settings (functions of Settings: no import cycle)
+    model.py     DeploymentConfig: the above validated once, derived facts as methods, context parsing
     errors.py    ConfigError
 The GPU layout (groups, ids, labels) is ``eks_pd_serving.layout``.
 """

@@ -1,6 +1,6 @@
 """DeploymentConfig: the settings (settings.py) with their field rules (fields.py), checked
-across settings (rules.py) once, when the model is built; then the facts derived from them and
-the parsing of CDK context.
+across settings (rules.py) once, when the model is built; the facts derived from them
+(derived.py) as methods; the parsing of CDK context.
 
 ``DeploymentConfig.from_context`` reads the flat keys of ``cdk.json`` context (values from
 ``cdk synth -c key=value`` arrive as strings); an account-vending pipeline builds the same model
@@ -18,21 +18,14 @@ from typing import Any
 from pydantic import ValidationError, model_validator
 
 from .. import layout, versions
-from ..catalog import MODELS, ModelFacts
+from ..catalog import ModelFacts
 from ..layout import GpuGroup
-from ..sizing import Sizing, size
-from . import rules
+from ..sizing import Sizing
+from . import derived, rules
 from .errors import ConfigError
 from .fields import FieldRules
+from .phases import PhaseSettings, phase_settings
 from .settings import Settings
-
-# Autoscaling defaults (settings.py documents them): one replica of each phase always warm, a
-# second when load asks for it.
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MAX_REPLICAS = 2
-# Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
-# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
-DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
 
 # Our context keys are snake_case; CDK's own (feature flags, aws:cdk:*) never are.
 _OUR_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
@@ -46,45 +39,26 @@ class DeploymentConfig(Settings, FieldRules):
         rules.check_all(self)
         return self
 
-    # --- derived facts -----------------------------------------------------------------------
+    # --- derived facts (config/derived.py) -------------------------------------------------
     @property
     def model_facts(self) -> ModelFacts | None:
-        return MODELS.get(self.model_source)
+        return derived.model_facts(self)
+
+    def phase(self, phase: str) -> PhaseSettings:
+        """The settings of one phase, typed (``prefill`` or ``decode``)."""
+        return phase_settings(self, phase)
 
     def sizing(self, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
-        """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's
-        entry of the model; None for a model in neither."""
-        facts = facts or self.model_facts
-        if facts is None:
-            return None
-        return size(
-            facts,
-            self.gpu_group(phase).instance,
-            dtype=self.dtype,
-            tensor_parallel_size=getattr(self, f"{phase}_tensor_parallel_size"),
-            gpu_memory_utilization=self.gpu_memory_utilization,
-            max_model_len=self.max_model_len,
-            multimodal=self.multimodal,
-        )
+        return derived.sizing(self, phase, facts)
 
     def replica_bounds(self, phase: str) -> tuple[int, int]:
-        """(fewest, most) replicas of ``phase``: the min/max settings with autoscaling (defaults
-        1 and 2), else the fixed count twice."""
-        if not self.autoscaling:
-            fixed = int(getattr(self, f"{phase}_replicas"))
-            return fixed, fixed
-        low = getattr(self, f"{phase}_min_replicas")
-        high = getattr(self, f"{phase}_max_replicas")
-        return (DEFAULT_MIN_REPLICAS if low is None else low), (DEFAULT_MAX_REPLICAS if high is None else high)
+        return derived.replica_bounds(self, phase)
 
     def target_ongoing_requests(self, phase: str) -> float:
-        chosen = getattr(self, f"{phase}_target_ongoing_requests")
-        return float(DEFAULT_TARGET_ONGOING_REQUESTS[phase] if chosen is None else chosen)
+        return derived.target_ongoing_requests(self, phase)
 
     def gpus_for(self, phase: str, bound: int = 0) -> int:
-        """GPUs ``phase`` takes at its fewest (``bound=0``) or most (``bound=1``) replicas; the
-        same without autoscaling."""
-        return self.replica_bounds(phase)[bound] * int(getattr(self, f"{phase}_tensor_parallel_size"))
+        return derived.gpus_for(self, phase, bound)
 
     @property
     def gpus_wanted(self) -> int:
@@ -92,39 +66,14 @@ class DeploymentConfig(Settings, FieldRules):
 
     @property
     def gpu_groups(self) -> list[GpuGroup]:
-        """The GPU node groups, each with its Ray worker group: one shared, or one per phase."""
-        return layout.gpu_groups(
-            self.gpu_layout,
-            gpu=(self.gpu_instance_type, self.gpu_node_count),
-            per_phase={
-                phase: (getattr(self, f"{phase}_gpu_instance_type"), getattr(self, f"{phase}_gpu_node_count"))
-                for phase in layout.PHASES
-            },
-            node_bounds=self._node_bounds() if self.autoscaling else None,
-        )
-
-    def _node_bounds(self) -> dict[str, tuple[int, int]]:
-        """Each group's (min, max) nodes: the settings, or what the phases' replicas need."""
-        fixed = layout.gpu_groups(
-            self.gpu_layout,
-            gpu=(self.gpu_instance_type, self.gpu_node_count),
-            per_phase={phase: (getattr(self, f"{phase}_gpu_instance_type"), None) for phase in layout.PHASES},
-        )
-        bounds = {}
-        for group in fixed:
-            per_node = group.instance.gpus
-            needed = [-(-sum(self.gpus_for(p, bound) for p in group.phases) // per_node) for bound in (0, 1)]
-            low_setting, high_setting = group.bound_settings
-            low, high = getattr(self, low_setting), getattr(self, high_setting)
-            bounds[group.name] = (needed[0] if low is None else low, max(needed[1], 1) if high is None else high)
-        return bounds
+        return derived.gpu_groups(self)
 
     def gpu_group(self, phase: str) -> GpuGroup:
-        return next(group for group in self.gpu_groups if phase in group.phases)
+        return derived.gpu_group(self, phase)
 
     @property
     def kubernetes_release(self) -> versions.KubernetesRelease:
-        return versions.KUBERNETES_RELEASES[self.kubernetes_version]
+        return derived.kubernetes_release(self)
 
     def warnings(self) -> list[str]:
         """Settings that work but that a reviewer should see."""

@@ -1,25 +1,25 @@
 """Rules across settings: combinations that cannot work although each value is fine alone.
-Each message names every setting involved and the fix. ``config`` is the DeploymentConfig being
-validated (these run from its model validator)."""
+Each is a small function of the settings (``config``, being validated: these run from
+DeploymentConfig's model validator) that raises one line naming every setting involved and the
+fix; ``RULES`` runs them in order."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from ..catalog import INSTANCE_TYPES
 from ..layout import PHASES, RAY_HEAD_CPU_M
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
+from . import derived
 from .fields import az_region
-
-if TYPE_CHECKING:
-    from .model import DeploymentConfig
+from .phases import phase_settings
+from .settings import Settings
 
 # Without availability_zones the VPC spans the region's first two AZs.
 DEFAULT_AZ_COUNT = 2
 
 
-def check_all(config: DeploymentConfig) -> None:
-    """Every rule across settings, in order; the first broken one raises."""
+def _check_azs(config: Settings) -> None:
     azs = config.availability_zones
     if config.region and azs and az_region(azs[0]) != config.region:
         raise ValueError(
@@ -43,12 +43,19 @@ def check_all(config: DeploymentConfig) -> None:
                 f"gpu_availability_zone={gpu_az!r} is not one of availability_zones="
                 f"{','.join(azs)!r}. Fix: add it to availability_zones or pick one of them"
             )
+
+
+def _check_nat_gateways(config: Settings) -> None:
+    azs = config.availability_zones
     az_count = len(azs) if azs else DEFAULT_AZ_COUNT
     if config.nat_gateways > az_count:
         raise ValueError(
             f"nat_gateways={config.nat_gateways} exceeds the {az_count} AZs of the VPC. "
             f"Fix: set nat_gateways from 1 to {az_count}"
         )
+
+
+def _check_endpoint(config: Settings) -> None:
     if config.endpoint_client_cidrs and config.endpoint_exposure != "internal":
         raise ValueError(
             f"endpoint_client_cidrs={','.join(config.endpoint_client_cidrs)!r} has no effect with "
@@ -63,6 +70,9 @@ def check_all(config: DeploymentConfig) -> None:
             "shipped here is the release's commercial-partition one (arn:aws:...). Fix: use "
             "endpoint_exposure=port-forward in this partition"
         )
+
+
+def _check_observability(config: Settings) -> None:
     if config.alarm_email and not config.observability:
         raise ValueError(
             f"alarm_email={config.alarm_email!r} has no alarms to send with observability=false. "
@@ -73,10 +83,6 @@ def check_all(config: DeploymentConfig) -> None:
             f"cloudwatch_addon_version={config.cloudwatch_addon_version!r} has no add-on to pin with "
             "observability=false. Fix: set observability=true, or remove cloudwatch_addon_version"
         )
-    _check_autoscaling(config)
-    _check_upgrade_strategy(config)
-    _check_gpus(config)
-    _check_model(config)
 
 
 AUTOSCALING_KEYS = ("prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas", "decode_max_replicas",
@@ -93,7 +99,7 @@ _FIXED_COUNTS = {
 }
 
 
-def _check_upgrade_strategy(config: DeploymentConfig) -> None:
+def _check_upgrade_strategy(config: Settings) -> None:
     """NewCluster builds the new Ray cluster's head beside the running one: the system node group
     (min = max, never scaled) must hold two heads until KubeRay switches over."""
     system = INSTANCE_TYPES.get(config.system_instance_type)
@@ -111,12 +117,12 @@ def _check_upgrade_strategy(config: DeploymentConfig) -> None:
         )
 
 
-def _shown(config: DeploymentConfig, key: str, value: object) -> str:
+def _shown(config: Settings, key: str, value: object) -> str:
     """'key=value', marked as the default when the setting was not given."""
     return f"{key}={value}" + ("" if getattr(config, key) is not None else " (default)")
 
 
-def _check_autoscaling(config: DeploymentConfig) -> None:
+def _check_autoscaling(config: Settings) -> None:
     if not config.autoscaling:
         for key in AUTOSCALING_KEYS:
             if getattr(config, key) is not None:
@@ -146,14 +152,14 @@ def _check_autoscaling(config: DeploymentConfig) -> None:
                     f"Fix: remove {key}, or set gpu_layout=per_phase"
                 )
     for phase in PHASES:
-        low, high = config.replica_bounds(phase)
+        low, high = derived.replica_bounds(config, phase)
         if low > high:
             raise ValueError(
                 f"{_shown(config, f'{phase}_min_replicas', low)} exceeds "
                 f"{_shown(config, f'{phase}_max_replicas', high)}. Fix: set {phase}_min_replicas at most "
                 f"{phase}_max_replicas"
             )
-    for group in config.gpu_groups:
+    for group in derived.gpu_groups(config):
         low_key, high_key = group.bound_settings
         low, high = group.min_node_count, group.max_node_count
         if low > high:
@@ -163,12 +169,12 @@ def _check_autoscaling(config: DeploymentConfig) -> None:
             )
         per_node = group.instance.gpus
         for bound, (key, nodes, word) in enumerate(((low_key, low, "fewest"), (high_key, high, "most"))):
-            wanted = sum(config.gpus_for(p, bound) for p in group.phases)
+            wanted = sum(derived.gpus_for(config, p, bound) for p in group.phases)
             if wanted > nodes * per_node:
                 end = "min" if bound == 0 else "max"
                 asked = " + ".join(
-                    f"{_shown(config, f'{p}_{end}_replicas', config.replica_bounds(p)[bound])} x "
-                    f"{p}_tensor_parallel_size={getattr(config, f'{p}_tensor_parallel_size')}"
+                    f"{_shown(config, f'{p}_{end}_replicas', derived.replica_bounds(config, p)[bound])} x "
+                    f"{p}_tensor_parallel_size={phase_settings(config, p).tensor_parallel_size}"
                     for p in group.phases
                 )
                 raise ValueError(
@@ -178,7 +184,7 @@ def _check_autoscaling(config: DeploymentConfig) -> None:
                 )
 
 
-def _check_gpus(config: DeploymentConfig) -> None:
+def _check_gpus(config: Settings) -> None:
     per_phase_keys = ("prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
                       "decode_gpu_node_count")  # fmt: skip
     if config.gpu_layout == "shared":
@@ -189,8 +195,8 @@ def _check_gpus(config: DeploymentConfig) -> None:
                     f"Fix: set gpu_layout=per_phase, or remove {key}"
                 )
     for phase in PHASES:
-        tp = getattr(config, f"{phase}_tensor_parallel_size")
-        group = config.gpu_group(phase)
+        tp = phase_settings(config, phase).tensor_parallel_size
+        group = derived.gpu_group(config, phase)
         per_node = group.instance.gpus
         if tp > per_node:
             raise ValueError(
@@ -198,16 +204,16 @@ def _check_gpus(config: DeploymentConfig) -> None:
                 f"{group.instance_type} (tensor parallelism stays inside a node). Fix: lower "
                 f"it to {per_node} or choose an instance type with more GPUs"
             )
-    for group in config.gpu_groups:
+    for group in derived.gpu_groups(config):
         if group.autoscaled:  # judged against its bounds in _check_autoscaling
             continue
         per_node = group.instance.gpus
-        wanted = sum(config.gpus_for(phase) for phase in group.phases)
+        wanted = sum(derived.gpus_for(config, phase) for phase in group.phases)
         have = per_node * group.node_count
         if wanted > have:
             asked = " + ".join(
-                f"{p}_replicas={getattr(config, f'{p}_replicas')} x {p}_tensor_parallel_size="
-                f"{getattr(config, f'{p}_tensor_parallel_size')}"
+                f"{p}_replicas={phase_settings(config, p).replicas} x {p}_tensor_parallel_size="
+                f"{phase_settings(config, p).tensor_parallel_size}"
                 for p in group.phases
             )
             raise ValueError(
@@ -217,8 +223,8 @@ def _check_gpus(config: DeploymentConfig) -> None:
             )
 
 
-def _check_model(config: DeploymentConfig) -> None:
-    facts = config.model_facts
+def _check_model(config: Settings) -> None:
+    facts = derived.model_facts(config)
     if facts is None:
         return
     if facts.hybrid and config.prefill_tensor_parallel_size != config.decode_tensor_parallel_size:
@@ -234,13 +240,31 @@ def _check_model(config: DeploymentConfig) -> None:
             f"of {facts.max_model_len}. Fix: set max_model_len to at most {facts.max_model_len}"
         )
     for phase in PHASES:
-        sizing = config.sizing(phase)
+        sizing = derived.sizing(config, phase)
         assert sizing is not None
+        group, tp = derived.gpu_group(config, phase), phase_settings(config, phase).tensor_parallel_size
         for problem in sizing.problems():
             raise ValueError(
                 f"max_model_len={config.max_model_len} with dtype={config.dtype}, gpu_memory_utilization="
                 f"{config.gpu_memory_utilization} and {phase}_tensor_parallel_size="
-                f"{getattr(config, f'{phase}_tensor_parallel_size')} on {config.gpu_group(phase).type_setting}="
-                f"{config.gpu_group(phase).instance_type}: {problem}. Fix: lower max_model_len, raise the "
+                f"{tp} on {group.type_setting}={group.instance_type}: {problem}. Fix: lower max_model_len, raise the "
                 "tensor-parallel size, or choose a GPU with more memory"
             )
+
+
+RULES: tuple[Callable[[Settings], None], ...] = (
+    _check_azs,
+    _check_nat_gateways,
+    _check_endpoint,
+    _check_observability,
+    _check_autoscaling,
+    _check_upgrade_strategy,
+    _check_gpus,
+    _check_model,
+)
+
+
+def check_all(config: Settings) -> None:
+    """Every rule across settings, in order; the first broken one raises."""
+    for rule in RULES:
+        rule(config)

@@ -1,0 +1,101 @@
+"""Facts derived from the settings: the model's catalogue entry, per-phase sizing, replica and
+node bounds, the GPU groups. Functions of ``Settings`` (not methods of the validated model), so
+the cross-setting rules can use them while the model is being validated, without an import cycle;
+``DeploymentConfig`` offers each as a method."""
+
+from __future__ import annotations
+
+from .. import layout, versions
+from ..catalog import MODELS, ModelFacts
+from ..layout import GpuGroup
+from ..sizing import Sizing, size
+from .phases import phase_settings
+from .settings import Settings
+
+# Autoscaling defaults (settings.py documents them): one replica of each phase always warm, a
+# second when load asks for it.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 2
+# Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
+# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
+DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
+
+
+def model_facts(s: Settings) -> ModelFacts | None:
+    return MODELS.get(s.model_source)
+
+
+def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:
+    """(fewest, most) replicas of ``phase``: the min/max settings with autoscaling (defaults
+    1 and 2), else the fixed count twice."""
+    p = phase_settings(s, phase)
+    if not s.autoscaling:
+        return p.replicas, p.replicas
+    low = DEFAULT_MIN_REPLICAS if p.min_replicas is None else p.min_replicas
+    return low, DEFAULT_MAX_REPLICAS if p.max_replicas is None else p.max_replicas
+
+
+def target_ongoing_requests(s: Settings, phase: str) -> float:
+    chosen = phase_settings(s, phase).target_ongoing_requests
+    return float(DEFAULT_TARGET_ONGOING_REQUESTS[phase] if chosen is None else chosen)
+
+
+def gpus_for(s: Settings, phase: str, bound: int = 0) -> int:
+    """GPUs ``phase`` takes at its fewest (``bound=0``) or most (``bound=1``) replicas; the same
+    without autoscaling."""
+    return replica_bounds(s, phase)[bound] * phase_settings(s, phase).tensor_parallel_size
+
+
+def _groups(s: Settings, with_counts: bool) -> list[GpuGroup]:
+    phases = {p: phase_settings(s, p) for p in layout.PHASES}
+    return layout.gpu_groups(
+        s.gpu_layout,
+        gpu=(s.gpu_instance_type, s.gpu_node_count),
+        per_phase={p: (v.gpu_instance_type, v.gpu_node_count if with_counts else None) for p, v in phases.items()},
+        node_bounds=_node_bounds(s) if with_counts and s.autoscaling else None,
+    )
+
+
+def _node_bounds(s: Settings) -> dict[str, tuple[int, int]]:
+    """Each group's (min, max) nodes: the settings, or what the phases' replicas need."""
+    bounds = {}
+    for group in _groups(s, with_counts=False):
+        per_node = group.instance.gpus
+        needed = [-(-sum(gpus_for(s, p, bound) for p in group.phases) // per_node) for bound in (0, 1)]
+        if group.shared:
+            low, high = s.gpu_min_node_count, s.gpu_max_node_count
+        else:
+            p = phase_settings(s, group.name)
+            low, high = p.gpu_min_node_count, p.gpu_max_node_count
+        bounds[group.name] = (needed[0] if low is None else low, max(needed[1], 1) if high is None else high)
+    return bounds
+
+
+def gpu_groups(s: Settings) -> list[GpuGroup]:
+    """The GPU node groups, each with its Ray worker group: one shared, or one per phase."""
+    return _groups(s, with_counts=True)
+
+
+def gpu_group(s: Settings, phase: str) -> GpuGroup:
+    return next(group for group in gpu_groups(s) if phase in group.phases)
+
+
+def sizing(s: Settings, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
+    """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's entry of
+    the model; None for a model in neither."""
+    facts = facts or model_facts(s)
+    if facts is None:
+        return None
+    return size(
+        facts,
+        gpu_group(s, phase).instance,
+        dtype=s.dtype,
+        tensor_parallel_size=phase_settings(s, phase).tensor_parallel_size,
+        gpu_memory_utilization=s.gpu_memory_utilization,
+        max_model_len=s.max_model_len,
+        multimodal=s.multimodal,
+    )
+
+
+def kubernetes_release(s: Settings) -> versions.KubernetesRelease:
+    return versions.KUBERNETES_RELEASES[s.kubernetes_version]
