@@ -17,7 +17,7 @@ from eks_pd_serving import versions
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import RayServiceChart
 from eks_pd_serving.k8s.ray_service import POD_SECURITY_LABELS
-from eks_pd_serving.ray_service_props import ray_service_props
+from eks_pd_serving.mapping import ray_service_props
 
 SNAPSHOT = ROOT / "tests" / "__snapshots__" / "ray_service.yaml"
 CRD_DIR = SHARED / "kuberay" / f"v{versions.KUBERAY_VERSION}"

@@ -1,18 +1,16 @@
 """The whole deployment as one construct: VPC to RayService. This is what an account-vending
-pipeline imports; `app.py` is one user of it. It is the one place that maps the settings
-(``DeploymentConfig``) to each construct's own props."""
+pipeline imports; `app.py` is one user of it. It composes the constructs and orders them; what
+each takes from the settings (``DeploymentConfig``) is decided in ``mapping``."""
 
 from __future__ import annotations
 
-import dataclasses
-
-from aws_cdk import Annotations, Aws, Token
+from aws_cdk import Annotations, Token
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
-from . import observability, versions
+from . import mapping, observability
 from .capacity_check import GpuCapacityCheck
-from .cluster import EksCluster, EksClusterProps
+from .cluster import EksCluster
 from .cluster_autoscaler import ClusterAutoscaler
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
@@ -29,7 +27,6 @@ from .network import Network
 from .observability.addon import CloudWatchObservability
 from .observability.dashboard import ServingDashboard
 from .ray_service import RayServiceManifest
-from .ray_service_props import ray_service_props
 
 
 class PdServing(Construct):
@@ -44,6 +41,7 @@ class PdServing(Construct):
     def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
         super().__init__(scope, id)
         self.config = config
+        self.region = mapping.region(config)
         self._refuse_duplicate_cluster_name()
         self.network = Network(
             self,
@@ -66,7 +64,7 @@ class PdServing(Construct):
         self.eks = EksCluster(
             self,
             "Cluster",
-            props=_same_named(EksClusterProps, config),
+            props=mapping.cluster_props(config),
             vpc=self.network.vpc,
             log_groups=self.log_groups,
         )
@@ -107,13 +105,13 @@ class PdServing(Construct):
                 "ClusterAutoscaler",
                 cluster=cluster,
                 kubernetes_version=config.kubernetes_version,
-                region=config.region or Aws.REGION,
+                region=self.region,
             )
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
-            props=ray_service_props(config, config.image or versions.ray_image_uri(config.region or Aws.REGION)),
+            props=mapping.ray_service_props(config, mapping.image(config)),
             cluster=cluster,
             depends_on=[
                 self.kuberay,
@@ -140,7 +138,7 @@ class PdServing(Construct):
             "Observability",
             cluster=self.eks.cluster,
             cluster_name=config.cluster_name,
-            region=config.region or Aws.REGION,
+            region=self.region,
             serving_namespace=self.ray_service.props.namespace,
             log_groups=self.log_groups,
             addon_version=config.cloudwatch_addon_version,
@@ -191,7 +189,7 @@ class PdServing(Construct):
         if not internal:
             return
         self.load_balancer_controller = AwsLoadBalancerController(
-            self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=config.region or Aws.REGION
+            self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=self.region
         )
         self.load_balancer_controller.chart.node.add_dependency(self.eks.system_nodes)
         # The controller deletes the NLB on destroy, retrying ELBv2/EC2 calls for minutes: CoreDNS
@@ -248,9 +246,3 @@ def _subnet_cidr(subnet: ec2.ISubnet) -> str:
             "or give private_subnet_ipv4_cidr_blocks to ec2.Vpc.from_vpc_attributes"
         )
     return cidr
-
-
-def _same_named(props_class: type[EksClusterProps], config: DeploymentConfig) -> EksClusterProps:
-    """Props whose fields are named like settings take the settings' values: the mapping
-    cannot drop or misroute one."""
-    return props_class(**{field.name: getattr(config, field.name) for field in dataclasses.fields(props_class)})

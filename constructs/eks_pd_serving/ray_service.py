@@ -14,7 +14,7 @@ from .k8s import RayServiceChart, RayServiceProps
 class RayServiceManifest(Construct):
     """The RayService (and its namespace) as one Kubernetes manifest.
 
-    :param props: the chart's typed props (``ray_service_props`` builds them from the settings).
+    :param props: the chart's typed props (``mapping.ray_service_props`` builds them from the settings).
     :param cluster: the cluster the manifest is applied to.
     :param depends_on: what must exist first and be deleted after (operator, plugins, nodes).
     """

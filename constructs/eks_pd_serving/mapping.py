@@ -1,9 +1,17 @@
-"""The config -> RayService translation: the deployment settings become the cdk8s chart's typed
-props (pod sizes, worker groups, engines, KV transfer). The chart itself knows nothing of them."""
+"""The one place that maps the settings (``DeploymentConfig``) to what the constructs take: the
+region and image resolved once, the cluster's props, and the RayService chart's typed props (pod
+sizes, worker groups, engines, KV transfer). The constructs and the chart know nothing of the
+settings; ``PdServing`` only composes and orders what this returns."""
 
 from __future__ import annotations
 
+import dataclasses
+
+from aws_cdk import Aws
+
+from . import versions
 from .catalog import InstanceFacts
+from .cluster import EksClusterProps
 from .config import DeploymentConfig
 from .k8s import (
     EngineSpec,
@@ -16,7 +24,22 @@ from .k8s import (
     WorkerGroupSpec,
 )
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
-from .versions import RAY_VERSION
+
+
+def region(config: DeploymentConfig) -> str:
+    """The region setting, or the stack's region token (an environment-agnostic stack)."""
+    return config.region or Aws.REGION
+
+
+def image(config: DeploymentConfig) -> str:
+    """The Ray image of head and workers: the setting, or the Ray LLM DLC in the stack's region."""
+    return config.image or versions.ray_image_uri(region(config))
+
+
+def cluster_props(config: DeploymentConfig) -> EksClusterProps:
+    """The cluster's props take the same-named settings: the mapping cannot drop or misroute one."""
+    return EksClusterProps(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EksClusterProps)})
+
 
 # Left on each node for the kubelet, the system reserve and the daemon sets (CNI, kube-proxy,
 # device plugins, pod identity agent).
@@ -71,7 +94,7 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         name=config.ray_service_name,
         namespace=config.namespace,
         image=image,
-        ray_version=RAY_VERSION,
+        ray_version=versions.RAY_VERSION,
         model=ModelSpec(
             model_id=config.model_id,
             model_source=config.model_source,
