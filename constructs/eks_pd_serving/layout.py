@@ -20,6 +20,8 @@ SYSTEM_NODE_LABELS = {"role": "system"}
 # The Ray head's CPU (requests = limits), on a system node: GCS, the dashboard, Serve's controller
 # and proxy.
 RAY_HEAD_CPU_M = 2000
+# Nodes of a per_phase group when its count is not set.
+DEFAULT_PHASE_NODE_COUNT = 1
 # Every GPU node group carries these; the device plugins select them.
 GPU_NODE_LABELS = {"role": "gpu-worker"}
 # per_phase groups add this label with the phase as value.
@@ -147,7 +149,7 @@ def gpu_groups(
                 phase,
                 (phase,),
                 instance_type or gpu[0],
-                bounds[phase][0] if phase in bounds else node_count or 1,
+                bounds[phase][0] if phase in bounds else node_count or DEFAULT_PHASE_NODE_COUNT,
                 f"{phase}_gpu_instance_type" if instance_type else "gpu_instance_type",
                 f"{phase}_gpu_node_count",
                 bounds.get(phase),

@@ -10,15 +10,7 @@ from ..catalog import MODELS, ModelFacts
 from ..layout import GpuGroup
 from ..sizing import Sizing, size
 from .phases import phase_settings
-from .settings import Settings
-
-# Autoscaling defaults (settings.py documents them): one replica of each phase always warm, a
-# second when load asks for it.
-DEFAULT_MIN_REPLICAS = 1
-DEFAULT_MAX_REPLICAS = 2
-# Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
-# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
-DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
+from .settings import DEFAULT_MAX_REPLICAS, DEFAULT_MIN_REPLICAS, DEFAULT_TARGET_ONGOING_REQUESTS, Settings
 
 
 def model_facts(s: Settings) -> ModelFacts | None:

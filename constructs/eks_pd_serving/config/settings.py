@@ -9,12 +9,22 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .. import versions
 from ..catalog import LOG_RETENTION_DAYS
+from ..layout import DEFAULT_PHASE_NODE_COUNT
 from .fields import NIXL_NETWORK_BACKENDS
 
+# Autoscaling defaults: one replica of each phase always warm, a second when load asks for it.
+DEFAULT_MIN_REPLICAS = 1
+DEFAULT_MAX_REPLICAS = 2
+# Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
+# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
+DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
 
-def _hint(text: str) -> dict[str, Any]:
-    """What a valid value looks like: the 'Fix: set <key> to ...' of a one-line error."""
-    return {"hint": text}
+
+def _hint(text: str, *, means: str | None = None) -> dict[str, Any]:
+    """``hint``: what a valid value looks like (the 'Fix: set <key> to ...' of a one-line error).
+    ``means``: what an unset (None) default does; a literal default is its own documentation.
+    The settings reference (docs/reference/settings.md) is generated from both."""
+    return {"hint": text} if means is None else {"hint": text, "default_means": means}
 
 
 class Settings(BaseModel):
@@ -25,62 +35,63 @@ class Settings(BaseModel):
     # --- cluster and network -------------------------------------------------------------
     cluster_name: str = Field(
         "ray-llm-multinode",
-        description="EKS cluster name. Default: ray-llm-multinode.",
+        description="EKS cluster name.",
         json_schema_extra=_hint("1-100 letters, digits, '-' or '_', starting with a letter or digit"),
     )
     kubernetes_version: str = Field(
         versions.DEFAULT_KUBERNETES_VERSION,
-        description="EKS Kubernetes version; the matching kubectl layer is chosen with it. Default: 1.35.",
+        description="EKS Kubernetes version; the matching kubectl layer is chosen with it.",
         json_schema_extra=_hint(f"one of {', '.join(versions.KUBERNETES_RELEASES)}"),
     )
     region: str | None = Field(
         None,
-        description="AWS region, when known at synth. Default: none (environment-agnostic stack).",
-        json_schema_extra=_hint("a region name such as us-east-1"),
+        description="AWS region, when known at synth.",
+        json_schema_extra=_hint("a region name such as us-east-1", means="none (environment-agnostic stack)"),
     )
     availability_zones: tuple[str, ...] | None = Field(
         None,
-        description="AZs of the VPC (two or more). Default: the region's first two AZs.",
-        json_schema_extra=_hint("two or more AZ names of one region, comma-separated"),
+        description="AZs of the VPC (two or more).",
+        json_schema_extra=_hint(
+            "two or more AZ names of one region, comma-separated", means="the region's first two AZs"
+        ),
     )
     gpu_availability_zone: str | None = Field(
         None,
-        description=(
-            "AZ of the GPU node group (EFA does not cross AZs); must be one of availability_zones. "
-            "Default: the VPC's first AZ."
+        description="AZ of the GPU node group (EFA does not cross AZs); must be one of availability_zones.",
+        json_schema_extra=_hint(
+            "an AZ name listed in availability_zones, such as us-east-1a", means="the VPC's first AZ"
         ),
-        json_schema_extra=_hint("an AZ name listed in availability_zones, such as us-east-1a"),
     )
     nat_gateways: int = Field(
         1,
         ge=1,
-        description="NAT gateways; one per AZ removes the single point of failure. Default: 1.",
+        description="NAT gateways; one per AZ removes the single point of failure.",
         json_schema_extra=_hint("a whole number from 1 to the number of AZs"),
     )
     endpoint_allowed_cidrs: tuple[str, ...] = Field(
         ("0.0.0.0/0",),
         min_length=1,
-        description="IPv4 CIDRs allowed to reach the public API endpoint. Default: 0.0.0.0/0 (warns).",
+        description="IPv4 CIDRs allowed to reach the public API endpoint. Synth warns while it includes 0.0.0.0/0.",
         json_schema_extra=_hint("IPv4 CIDRs such as 203.0.113.0/24, comma-separated"),
     )
     admin_role_arn: str | None = Field(
         None,
-        description=(
-            "IAM role granted cluster admin through an access entry. Default: the stack creates a "
-            "cluster-admin role that principals of this account may assume (IAM decides who)."
+        description="IAM role granted cluster admin through an access entry.",
+        json_schema_extra=_hint(
+            "an IAM role ARN such as arn:aws:iam::123456789012:role/Admin",
+            means="the stack creates a cluster-admin role that principals of this account may assume (IAM decides who)",
         ),
-        json_schema_extra=_hint("an IAM role ARN such as arn:aws:iam::123456789012:role/Admin"),
     )
     system_instance_type: str = Field(
         "m7i.xlarge",
-        description="Instance type of the system node group (operator, Ray head). Default: m7i.xlarge.",
+        description="Instance type of the system node group (operator, Ray head).",
         json_schema_extra=_hint("a type with at least 4 vCPUs and 16 GiB, such as m7i.xlarge"),
     )
     system_node_count: int = Field(
         1,
         ge=1,
         le=10,
-        description="Nodes in the system node group. Default: 1.",
+        description="Nodes in the system node group.",
         json_schema_extra=_hint("a whole number from 1 to 10"),
     )
     system_root_volume_gib: int = Field(
@@ -88,70 +99,70 @@ class Settings(BaseModel):
         ge=80,
         le=16384,
         description=(
-            "gp3 root volume of each system node, GiB: the Ray head pulls the Ray LLM CUDA image "
-            "(tens of GB, held packed and unpacked during the pull). Default: 100."
+            "gp3 root volume of each system node, GiB: the Ray head pulls the Ray LLM CUDA image (tens of GB,"
+            " held packed and unpacked during the pull)."
         ),
         json_schema_extra=_hint("a whole number of GiB from 80 to 16384"),
     )
     log_retention_days: int = Field(
         30,
         description=(
-            "Retention of the log groups the stack owns (EKS control plane, Lambdas), days; "
-            "they are deleted with the stack. Default: 30."
+            "Retention of the log groups the stack owns (EKS control plane, Lambdas, and with observability "
+            "the add-on's /aws/containerinsights/<cluster>/* groups), days; they are deleted with the stack."
         ),
         json_schema_extra=_hint(f"one of CloudWatch's retention periods: {', '.join(map(str, LOG_RETENTION_DAYS))}"),
     )
     gpu_instance_type: str = Field(
         "g6.8xlarge",
-        description="Instance type of the GPU node group; needs a GPU and EFA. Default: g6.8xlarge.",
+        description="Instance type of the GPU node group; needs a GPU and EFA.",
         json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
     )
     gpu_node_count: int = Field(
         2,
         ge=1,
         le=16,
-        description="Nodes in the GPU node group (one Ray worker pod each). Default: 2.",
+        description="Nodes in the GPU node group (one Ray worker pod each).",
         json_schema_extra=_hint("a whole number from 1 to 16"),
     )
     gpu_root_volume_gib: int = Field(
         200,
         ge=100,
         le=16384,
-        description="gp3 root volume of each GPU node, GiB (images and model cache). Default: 200.",
+        description="gp3 root volume of each GPU node, GiB (images and model cache).",
         json_schema_extra=_hint("a whole number of GiB from 100 to 16384"),
     )
 
     gpu_layout: Literal["shared", "per_phase"] = Field(
         "shared",
         description=(
-            "shared: one GPU node group runs both phases (the walkthrough). per_phase: prefill and "
-            "decode each get their own GPU node group and Ray worker group. Default: shared."
+            "shared: one GPU node group runs both phases (the walkthrough). per_phase: prefill and decode "
+            "each get their own GPU node group and Ray worker group."
         ),
         json_schema_extra=_hint("shared or per_phase"),
     )
     prefill_gpu_instance_type: str | None = Field(
         None,
-        description="per_phase only: instance type of the prefill node group. Default: gpu_instance_type.",
-        json_schema_extra=_hint("a GPU type with EFA, such as g6e.8xlarge"),
+        description="per_phase only: instance type of the prefill node group.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6e.8xlarge", means="gpu_instance_type"),
     )
     prefill_gpu_node_count: int | None = Field(
         None,
         ge=1,
         le=16,
-        description="per_phase only: nodes in the prefill node group. Default: 1.",
-        json_schema_extra=_hint("a whole number from 1 to 16"),
+        description="per_phase only: nodes in the prefill node group.",
+        json_schema_extra=_hint("a whole number from 1 to 16", means=str(DEFAULT_PHASE_NODE_COUNT)),
     )
     decode_gpu_instance_type: str | None = Field(
         None,
-        description="per_phase only: instance type of the decode node group. Default: gpu_instance_type.",
-        json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
+        description="per_phase only: instance type of the decode node group.",
+        json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge", means="gpu_instance_type"),
     )
     decode_gpu_node_count: int | None = Field(
         None,
         ge=1,
         le=16,
-        description="per_phase only: nodes in the decode node group. Default: 1.",
-        json_schema_extra=_hint("a whole number from 1 to 16"),
+        description="per_phase only: nodes in the decode node group.",
+        json_schema_extra=_hint("a whole number from 1 to 16", means=str(DEFAULT_PHASE_NODE_COUNT)),
     )
 
     # --- observability -------------------------------------------------------------------
@@ -159,7 +170,7 @@ class Settings(BaseModel):
         True,
         description=(
             "The CloudWatch Observability add-on (Container Insights with GPU and EFA metrics, container "
-            "logs, the Ray pods' Prometheus metrics), a dashboard and alarms; false: none of it. Default: true."
+            "logs, the Ray pods' Prometheus metrics), a dashboard and alarms; false: none of it."
         ),
         json_schema_extra=_hint("true or false"),
     )
@@ -167,9 +178,8 @@ class Settings(BaseModel):
         versions.CLOUDWATCH_OBSERVABILITY_ADDON_VERSION,
         pattern=r"^v\d+\.\d+\.\d+-eksbuild\.\d+$",
         description=(
-            "observability only: version of the amazon-cloudwatch-observability EKS add-on; "
-            "`preflight` asks EKS whether it is offered for kubernetes_version. "
-            f"Default: {versions.CLOUDWATCH_OBSERVABILITY_ADDON_VERSION}."
+            "observability only: version of the amazon-cloudwatch-observability EKS add-on; `preflight` asks "
+            "EKS whether it is offered for kubernetes_version."
         ),
         json_schema_extra=_hint("an add-on version such as v6.4.0-eksbuild.1"),
     )
@@ -178,18 +188,19 @@ class Settings(BaseModel):
         pattern=r"^[^@\s,]+@[^@\s,]+\.[^@\s,]+$",
         description=(
             "observability only: an address the alarms notify through an SNS topic (AWS e-mails it a "
-            "confirmation link first). Default: none (the alarms only change state)."
+            "confirmation link first)."
         ),
-        json_schema_extra=_hint("one e-mail address such as ops@example.com"),
+        json_schema_extra=_hint(
+            "one e-mail address such as ops@example.com", means="none (the alarms only change state)"
+        ),
     )
 
     # --- autoscaling (all off by default: the counts above stay fixed) ----------------------
     autoscaling: bool = Field(
         False,
         description=(
-            "Scale each phase with load: Serve replicas between the min/max below, Ray worker pods with "
-            "them (KubeRay autoscaler), GPU nodes with the pods (Cluster Autoscaler). Default: false "
-            "(fixed counts)."
+            "Scale each phase with load: Serve replicas between the min/max below, Ray worker pods with them "
+            "(KubeRay autoscaler), GPU nodes with the pods (Cluster Autoscaler)."
         ),
         json_schema_extra=_hint("true or false"),
     )
@@ -197,138 +208,133 @@ class Settings(BaseModel):
         None,
         ge=0,
         le=64,
-        description="autoscaling only: fewest prefill replicas; 0 lets prefill scale to zero. Default: 1.",
-        json_schema_extra=_hint("a whole number from 0 to 64"),
+        description="autoscaling only: fewest prefill replicas; 0 lets prefill scale to zero.",
+        json_schema_extra=_hint("a whole number from 0 to 64", means=str(DEFAULT_MIN_REPLICAS)),
     )
     prefill_max_replicas: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="autoscaling only: most prefill replicas. Default: 2.",
-        json_schema_extra=_hint("a whole number from 1 to 64"),
+        description="autoscaling only: most prefill replicas.",
+        json_schema_extra=_hint("a whole number from 1 to 64", means=str(DEFAULT_MAX_REPLICAS)),
     )
     decode_min_replicas: int | None = Field(
         None,
         ge=0,
         le=64,
-        description="autoscaling only: fewest decode replicas; 0 lets decode scale to zero. Default: 1.",
-        json_schema_extra=_hint("a whole number from 0 to 64"),
+        description="autoscaling only: fewest decode replicas; 0 lets decode scale to zero.",
+        json_schema_extra=_hint("a whole number from 0 to 64", means=str(DEFAULT_MIN_REPLICAS)),
     )
     decode_max_replicas: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="autoscaling only: most decode replicas. Default: 2.",
-        json_schema_extra=_hint("a whole number from 1 to 64"),
+        description="autoscaling only: most decode replicas.",
+        json_schema_extra=_hint("a whole number from 1 to 64", means=str(DEFAULT_MAX_REPLICAS)),
     )
     prefill_target_ongoing_requests: float | None = Field(
         None,
         gt=0,
         description=(
-            "autoscaling only: requests in flight per prefill replica that Serve scales towards (a "
-            "prefill request lasts one forward pass of the prompt). Default: 4."
+            "autoscaling only: requests in flight per prefill replica that Serve scales towards (a prefill "
+            "request lasts one forward pass of the prompt)."
         ),
-        json_schema_extra=_hint("a number above 0, such as 4"),
+        json_schema_extra=_hint("a number above 0, such as 4", means=str(DEFAULT_TARGET_ONGOING_REQUESTS["prefill"])),
     )
     decode_target_ongoing_requests: float | None = Field(
         None,
         gt=0,
         description=(
-            "autoscaling only: streams in flight per decode replica that Serve scales towards; keep it "
-            "below the sizing's concurrency (11.7 full-length sequences for the default). Default: 8."
+            "autoscaling only: streams in flight per decode replica that Serve scales towards; keep it below "
+            "the sizing's concurrency (11.7 full-length sequences for the default)."
         ),
-        json_schema_extra=_hint("a number above 0, such as 8"),
+        json_schema_extra=_hint("a number above 0, such as 8", means=str(DEFAULT_TARGET_ONGOING_REQUESTS["decode"])),
     )
     gpu_min_node_count: int | None = Field(
         None,
         ge=0,
         le=64,
-        description=(
-            "autoscaling, shared layout: fewest GPU nodes. Default: the nodes the phases' minimum replicas need."
-        ),
-        json_schema_extra=_hint("a whole number from 0 to 64"),
+        description="autoscaling, shared layout: fewest GPU nodes.",
+        json_schema_extra=_hint("a whole number from 0 to 64", means="the nodes the phases' minimum replicas need"),
     )
     gpu_max_node_count: int | None = Field(
         None,
         ge=1,
         le=64,
-        description=(
-            "autoscaling, shared layout: most GPU nodes. Default: the nodes the phases' maximum replicas need."
-        ),
-        json_schema_extra=_hint("a whole number from 1 to 64"),
+        description="autoscaling, shared layout: most GPU nodes.",
+        json_schema_extra=_hint("a whole number from 1 to 64", means="the nodes the phases' maximum replicas need"),
     )
     prefill_gpu_min_node_count: int | None = Field(
         None,
         ge=0,
         le=64,
-        description="autoscaling, per_phase layout: fewest prefill nodes. Default: what prefill_min_replicas need.",
-        json_schema_extra=_hint("a whole number from 0 to 64"),
+        description="autoscaling, per_phase layout: fewest prefill nodes.",
+        json_schema_extra=_hint("a whole number from 0 to 64", means="what prefill_min_replicas need"),
     )
     prefill_gpu_max_node_count: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="autoscaling, per_phase layout: most prefill nodes. Default: what prefill_max_replicas need.",
-        json_schema_extra=_hint("a whole number from 1 to 64"),
+        description="autoscaling, per_phase layout: most prefill nodes.",
+        json_schema_extra=_hint("a whole number from 1 to 64", means="what prefill_max_replicas need"),
     )
     decode_gpu_min_node_count: int | None = Field(
         None,
         ge=0,
         le=64,
-        description="autoscaling, per_phase layout: fewest decode nodes. Default: what decode_min_replicas need.",
-        json_schema_extra=_hint("a whole number from 0 to 64"),
+        description="autoscaling, per_phase layout: fewest decode nodes.",
+        json_schema_extra=_hint("a whole number from 0 to 64", means="what decode_min_replicas need"),
     )
     decode_gpu_max_node_count: int | None = Field(
         None,
         ge=1,
         le=64,
-        description="autoscaling, per_phase layout: most decode nodes. Default: what decode_max_replicas need.",
-        json_schema_extra=_hint("a whole number from 1 to 64"),
+        description="autoscaling, per_phase layout: most decode nodes.",
+        json_schema_extra=_hint("a whole number from 1 to 64", means="what decode_max_replicas need"),
     )
 
     # --- serving -------------------------------------------------------------------------
     namespace: str = Field(
         "inference",
-        description="Kubernetes namespace of the RayService. Default: inference.",
+        description="Kubernetes namespace of the RayService.",
         json_schema_extra=_hint("a DNS-1123 label: lowercase letters, digits and '-', at most 63"),
     )
     ray_service_name: str = Field(
         "ray-llm",
-        description="Name of the RayService; the serve service is <name>-serve-svc. Default: ray-llm.",
+        description="Name of the RayService; the serve service is <name>-serve-svc.",
         json_schema_extra=_hint("lowercase letters, digits and '-', starting with a letter, at most 40"),
     )
     image: str | None = Field(
         None,
-        description="Ray image of head and workers. Default: the Ray LLM DLC in the stack's region.",
-        json_schema_extra=_hint("an image reference without spaces"),
+        description="Ray image of head and workers.",
+        json_schema_extra=_hint("an image reference without spaces", means="the Ray LLM DLC in the stack's region"),
     )
     model_id: str = Field(
         "qwen3.5-9b",
-        description="Model name clients send in requests. Default: qwen3.5-9b.",
+        description="Model name clients send in requests.",
         json_schema_extra=_hint("a name without spaces"),
     )
     model_source: str = Field(
         "Qwen/Qwen3.5-9B",
-        description="Hugging Face repository (or path) of the weights. Default: Qwen/Qwen3.5-9B.",
+        description="Hugging Face repository (or path) of the weights.",
         json_schema_extra=_hint("a Hugging Face repository such as Qwen/Qwen3.5-9B"),
     )
     max_model_len: int = Field(
         4096,
         ge=16,
-        description="Longest prompt plus completion, tokens. Default: 4096.",
+        description="Longest prompt plus completion, tokens.",
         json_schema_extra=_hint("a whole number of tokens, at least 16"),
     )
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
         "bfloat16",
-        description="Weight and activation dtype. Default: bfloat16.",
+        description="Weight and activation dtype.",
         json_schema_extra=_hint("one of auto, bfloat16, float16, float32"),
     )
     multimodal: bool = Field(
         False,
         description=(
-            "Load the model's vision tower and accept image/video input. Off, vLLM runs the text "
-            "model only (language_model_only), which for Qwen3.5-9B on an L4 leaves 9x the KV cache. "
-            "Default: false."
+            "Load the model's vision tower and accept image/video input. Off, vLLM runs the text model only "
+            "(language_model_only), which for Qwen3.5-9B on an L4 leaves 9x the KV cache."
         ),
         json_schema_extra=_hint("true or false"),
     )
@@ -336,52 +342,52 @@ class Settings(BaseModel):
         0.90,
         gt=0.0,
         le=0.98,
-        description="Fraction of GPU memory vLLM may use. Default: 0.90.",
+        description="Fraction of GPU memory vLLM may use.",
         json_schema_extra=_hint("a number above 0 and at most 0.98"),
     )
     prefill_enforce_eager: bool = Field(
         True,
-        description="Disable CUDA graphs on prefill. Default: true.",
+        description="Disable CUDA graphs on prefill.",
         json_schema_extra=_hint("true or false"),
     )
     decode_enforce_eager: bool = Field(
         True,
-        description="Disable CUDA graphs on decode. Default: true.",
+        description="Disable CUDA graphs on decode.",
         json_schema_extra=_hint("true or false"),
     )
     prefill_replicas: int = Field(
         1,
         ge=1,
-        description="Prefill engine replicas, fixed (refused with autoscaling: see prefill_min_replicas). Default: 1.",
+        description="Prefill engine replicas, fixed (refused with autoscaling: see prefill_min_replicas).",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     decode_replicas: int = Field(
         1,
         ge=1,
-        description="Decode engine replicas, fixed (refused with autoscaling: see decode_min_replicas). Default: 1.",
+        description="Decode engine replicas, fixed (refused with autoscaling: see decode_min_replicas).",
         json_schema_extra=_hint("a whole number, at least 1"),
     )
     prefill_tensor_parallel_size: int = Field(
         1,
-        description="GPUs per prefill replica. Default: 1.",
+        description="GPUs per prefill replica.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
     )
     decode_tensor_parallel_size: int = Field(
         1,
-        description="GPUs per decode replica. Default: 1.",
+        description="GPUs per decode replica.",
         json_schema_extra=_hint("1, 2, 4 or 8"),
     )
     kv_backend: str = Field(
         "LIBFABRIC",
-        description="NIXL backend that moves the KV cache; LIBFABRIC uses EFA. Default: LIBFABRIC.",
+        description="NIXL backend that moves the KV cache; LIBFABRIC uses EFA.",
         json_schema_extra=_hint(f"one of {', '.join(NIXL_NETWORK_BACKENDS)}"),
     )
     endpoint_exposure: Literal["port-forward", "internal"] = Field(
         "port-forward",
         description=(
-            "Who can call the OpenAI endpoint. port-forward: a ClusterIP Service only (kubectl "
-            "port-forward). internal: also an internal Network Load Balancer in the private subnets "
-            "(AWS Load Balancer Controller), reachable from endpoint_client_cidrs. Default: port-forward."
+            "Who can call the OpenAI endpoint. port-forward: a ClusterIP Service only (kubectl port-forward)."
+            " internal: also an internal Network Load Balancer in the private subnets (AWS Load Balancer "
+            "Controller), reachable from endpoint_client_cidrs."
         ),
         json_schema_extra=_hint("port-forward or internal"),
     )
@@ -389,23 +395,22 @@ class Settings(BaseModel):
         None,
         min_length=1,
         description=(
-            "IPv4 CIDRs allowed to call the internal endpoint (the NLB's security group and the serve "
-            "port's NetworkPolicy). Default: the VPC's CIDR."
+            "IPv4 CIDRs allowed to call the internal endpoint (the NLB's security group and the serve port's "
+            "NetworkPolicy)."
         ),
-        json_schema_extra=_hint("IPv4 CIDRs such as 10.0.0.0/16, comma-separated"),
+        json_schema_extra=_hint("IPv4 CIDRs such as 10.0.0.0/16, comma-separated", means="the VPC's CIDR"),
     )
     ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
         "None",
         description=(
-            "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray "
-            "cluster; cluster-config changes wait until the RayCluster is recreated (README, Updates). "
-            "NewCluster: a second Ray cluster is built beside the first (needs spare GPU nodes). "
-            "Default: None."
+            "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray cluster; "
+            "cluster-config changes wait until the RayCluster is recreated (README, Updates). NewCluster: a "
+            "second Ray cluster is built beside the first (needs spare GPU nodes)."
         ),
         json_schema_extra=_hint("None or NewCluster"),
     )
     kv_buffer_device: Literal["cuda", "cpu"] = Field(
         "cuda",
-        description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing. Default: cuda.",
+        description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing.",
         json_schema_extra=_hint("cuda or cpu"),
     )

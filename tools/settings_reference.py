@@ -1,0 +1,94 @@
+"""Generate docs/reference/settings.md from the settings model: every setting's section, default
+and description, written once in constructs/eks_pd_serving/config/settings.py.
+
+    .venv/bin/python -m tools.settings_reference          # rewrite the file
+    .venv/bin/python -m tools.settings_reference --check  # exit 1 if the file differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from eks_pd_serving.config.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "docs" / "reference" / "settings.md"
+_SECTION = re.compile(r"^\s*# --- (.+?) -+\s*$")
+_FIELD = re.compile(r"^\s{4}([a-z][a-z0-9_]*): ")
+
+
+def sections() -> dict[str, str]:
+    """setting -> the section comment it sits under in settings.py."""
+    found, current = {}, ""
+    for line in inspect.getsource(Settings).splitlines():
+        if match := _SECTION.match(line):
+            current = match.group(1)
+        elif (match := _FIELD.match(line)) and match.group(1) in Settings.model_fields:
+            found[match.group(1)] = current
+    return found
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def default_text(name: str) -> str:
+    field = Settings.model_fields[name]
+    extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+    if field.default is None:
+        return str(extra.get("default_means", "none"))
+    return f"`{_literal(field.default)}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render() -> str:
+    lines = [
+        "# Settings reference",
+        "",
+        "Generated from `constructs/eks_pd_serving/config/settings.py` by `python -m tools.settings_reference`;",
+        "do not edit (a test fails when this file and the model differ). Every setting is a `cdk.json`",
+        "context key, a `-c key=value` override, or a keyword of `DeploymentConfig.create(...)`.",
+    ]
+    by_section: dict[str, list[str]] = {}
+    for name, section in sections().items():
+        by_section.setdefault(section, []).append(name)
+    for section, names in by_section.items():
+        lines += ["", f"## {section[0].upper()}{section[1:]}", "", "| setting | default | what it does | valid values |",
+                  "| --- | --- | --- | --- |"]  # fmt: skip
+        for name in names:
+            field = Settings.model_fields[name]
+            extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+            row = [f"`{name}`", default_text(name), field.description or "", str(extra.get("hint", ""))]
+            lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.check:
+        if not TARGET.exists() or TARGET.read_text() != text:
+            print(f"{TARGET.name} is out of date. Fix: python -m tools.settings_reference", file=sys.stderr)
+            return 1
+        return 0
+    TARGET.write_text(text)
+    print(f"wrote {TARGET}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
