@@ -65,8 +65,14 @@ def render() -> str:
     for name, section in sections().items():
         by_section.setdefault(section, []).append(name)
     for section, names in by_section.items():
-        lines += ["", f"## {section[0].upper()}{section[1:]}", "", "| setting | default | what it does | valid values |",
-                  "| --- | --- | --- | --- |"]  # fmt: skip
+        title = section[0].upper() + section[1:]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            "| setting | default | what it does | valid values |",
+            "| --- | --- | --- | --- |",
+        ]
         for name in names:
             field = Settings.model_fields[name]
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
