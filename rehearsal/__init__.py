@@ -1,4 +1,4 @@
-"""Local CPU rehearsal of the deployed serve application (see README, `make rehearse`).
+"""Local CPU rehearsal of the deployed serve application (docs/development/rehearsals.md, `make rehearse`).
 
 Its virtualenv (.venv-rehearse) holds Ray, vLLM and NIXL but not the CDK package; the one
 module it shares with it, ``eks_pd_serving.assembly``, is plain JSON handling, so the package

@@ -243,7 +243,7 @@ def save(path: Path, name: str, workload: Workload, records: list[Request], extr
 
 
 def load(path: Path) -> tuple[str, Workload, list[Request], dict[str, Any]]:
-    """A saved run (``.json``, or ``.json.gz`` as the README's runs are kept)."""
+    """A saved run (``.json``, or ``.json.gz`` as docs/gpu-runs keeps them)."""
     raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     data = json.loads(raw)
     return data["layout"], Workload(**data["workload"]), [Request(**r) for r in data["records"]], data

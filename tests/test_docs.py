@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -39,3 +40,63 @@ def test_each_default_is_written_once(name: str) -> None:
         assert extra.get("default_means"), f"{name}: say what an unset value does (means=...)"
     else:
         assert "default_means" not in extra
+
+
+# --- the front door and its links ------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as hyphens."""
+    return {
+        re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        for line in page.read_text().splitlines()
+        if line.startswith("#")
+    }
+
+
+def broken_links(root: Path) -> list[str]:
+    """Every relative Markdown link (outside code blocks) whose file or heading does not exist."""
+    broken = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for target in re.findall(r"\[[^\]]*\]\(([^)\s]+)\)", text):
+            if target.startswith(("http://", "https://", "mailto:")):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in _anchors(resolved):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    return broken
+
+
+def test_every_link_of_the_readme_and_docs_resolves() -> None:
+    assert broken_links(ROOT) == []
+
+
+def test_the_link_check_finds_a_broken_file_and_a_broken_heading(tmp_path: Path) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A page\n\n## Real heading\n")
+    (tmp_path / "README.md").write_text(
+        "[ok](docs/a.md#real-heading) [gone](docs/b.md) [typo](docs/a.md#real-headin)\n"
+    )
+    assert broken_links(tmp_path) == [
+        "README.md: docs/b.md (no such file)",
+        "README.md: docs/a.md#real-headin (no such heading)",
+    ]
+
+
+def test_the_readme_is_a_front_door() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250
+    sections = [line for line in readme.splitlines() if line.startswith("## ")]
+    assert sections == [
+        "## Two commands",
+        "## A first deploy",
+        "## As a construct in your own app",
+        "## Documentation",
+        "## What is proven offline, and what only on paper",
+        "## Libraries and what they carry",
+    ]

@@ -205,15 +205,15 @@ def test_bench_statistics_are_the_recorded_timings() -> None:
     assert "| colocated | - |" in table
 
 
-def test_the_readmes_gpu_bench_table_is_what_the_recorded_runs_give() -> None:
-    """docs/gpu-runs/2026-11-30 keeps the `make bench-gpu` runs; the README's table is computed
-    from them by this code (change the statistics and this fails until the README follows)."""
+def test_the_runs_bench_table_is_what_the_recorded_runs_give() -> None:
+    """docs/gpu-runs/2026-11-30 keeps the `make bench-gpu` runs; its README's table is computed
+    from them by this code (change the statistics and this fails until the page follows)."""
     runs = ROOT / "docs" / "gpu-runs" / "2026-11-30"
     loaded = {
         name: bench.summary(records) for name, _, records, _ in map(bench.load, sorted(runs.glob("bench-*.json.gz")))
     }
     table = bench.table({name: loaded[name] for name in ("pd", "colocated")})
-    assert table in (ROOT / "README.md").read_text()
+    assert table in (runs / "README.md").read_text()
     assert loaded["pd"]["requests"] == loaded["colocated"]["requests"] == 84 and not loaded["pd"]["failed"]
 
 

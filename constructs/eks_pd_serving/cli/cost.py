@@ -20,7 +20,7 @@ from ..observability import ADDON_NAME, custom_metric_count
 from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
 
-PRICES_SOURCE = "us-east-1 on-demand, third-party price tables dated 2026 (see README)"
+PRICES_SOURCE = "us-east-1 on-demand, third-party price tables dated 2026 (cost.py)"
 PRICES: dict[str, dict[str, float]] = {
     "us-east-1": {
         "eks_hour": 0.10,

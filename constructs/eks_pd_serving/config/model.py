@@ -114,7 +114,9 @@ class DeploymentConfig(Settings, FieldRules):
         if unknown:
             key = unknown[0]
             close = difflib.get_close_matches(key, fields, n=1)
-            fix = f"did you mean {close[0]}?" if close else "remove it; settings are listed in the README"
+            fix = (
+                f"did you mean {close[0]}?" if close else "remove it; settings are listed in docs/reference/settings.md"
+            )
             raise ConfigError(f"unknown setting {key}={context[key]!r}. Fix: {fix}")
         return cls.create(**{k: v for k, v in context.items() if k in fields})
 
@@ -141,5 +143,5 @@ def _one_line(error: ValidationError, settings: Mapping[str, Any]) -> str:
     hint = extra.get("hint") if isinstance(extra, dict) else None
     fix = f". Fix: set {key} to {hint}" if hint else ""
     if key not in DeploymentConfig.model_fields:
-        fix = ". Fix: remove it; settings are listed in the README"
+        fix = ". Fix: remove it; settings are listed in docs/reference/settings.md"
     return f"{key}={value!r}: {message}{fix}"

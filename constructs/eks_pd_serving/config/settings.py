@@ -404,7 +404,7 @@ class Settings(BaseModel):
         "None",
         description=(
             "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray cluster; "
-            "cluster-config changes wait until the RayCluster is recreated (README, Updates). NewCluster: a "
+            "cluster-config changes wait until the RayCluster is recreated (docs/guides/updates.md). NewCluster: a "
             "second Ray cluster is built beside the first (needs spare GPU nodes)."
         ),
         json_schema_extra=_hint("None or NewCluster"),
