@@ -99,9 +99,9 @@ lint: $(VENV)/.test-deps
 CORE_DEPS := $(VENV)/.test-deps $(VENV_RAY)/.deps $(VENV_CHECKOV)/.deps node_modules/.deps
 TEST_DEPS := $(CORE_DEPS) $(VENV_REHEARSE)/.deps
 TEST_ENV := EKS_PD_RAY_PYTHON=$(abspath $(VENV_RAY))/bin/python EKS_PD_CHECKOV=$(abspath $(VENV_CHECKOV))/bin/checkov
-# What needs the rehearsal's virtualenv (vLLM CPU, several GB, the slowest to install).
-REHEARSAL_TESTS := tests/test_rehearsal.py \
-	tests/test_gpu_rehearsal.py::test_without_a_gpu_the_gpu_rehearsal_says_so_and_exits_2
+# The tiers are folders of tests/: unit, template and gates need the core environments; rehearsal
+# needs the rehearsal's virtualenv (vLLM CPU, several GB, the slowest to install).
+REHEARSAL_TESTS := tests/rehearsal
 REHEARSAL_ENV := $(TEST_ENV) EKS_PD_REHEARSE_PYTHON=$(abspath $(VENV_REHEARSE))/bin/python
 
 # The environments are independent: installing them side by side shortens a fresh machine's wait
@@ -120,7 +120,7 @@ test:
 # Two workers, one test file each at a time: most tests wait on jsii's node process or a
 # subprocess, so one core would otherwise sit idle once the rehearsal's virtualenv is installed.
 test-core: lint $(CORE_DEPS)
-	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadfile --durations=10 --ignore=tests/test_rehearsal.py
+	$(TEST_ENV) $(PY) -m pytest -n 2 --dist loadfile --durations=10 tests/unit tests/template tests/gates
 
 clean:
 	rm -rf cdk.out .rehearsal .pytest_cache .mypy_cache .ruff_cache

@@ -192,7 +192,7 @@ def rehearse_both(
                 report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
             if config is rehearsed:
                 # After traffic, so the request and KV families exist: the dashboard's metric
-                # names are checked against this (tests/test_observability.py).
+                # names are checked against this (tests/template/test_observability.py).
                 report["metrics"] = metric_catalogue(endpoint.metrics_url)
                 histograms = [family for family, kind in OTLP_METRICS if kind == "histogram"]
                 report["metric_joins"] = worker_joins(endpoint.metrics_url, histograms, JOIN_METRIC)

@@ -1,80 +1,16 @@
-"""Shared fixtures: one synthesized default stack per session (a synth costs seconds)."""
+"""Fixtures shared by every tier: one synthesized default stack per session (a synth costs
+seconds). Helpers are in support.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
+from support import build_stack, synth_assembly
 
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
-
-from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
-
-ROOT = Path(__file__).resolve().parents[1]
-# A process environment with no AWS credentials or config at all: synth and the CLI's offline
-# paths must work in it.
-NO_AWS_ENV = {
-    **{k: v for k, v in os.environ.items() if not k.startswith("AWS_")},
-    "AWS_CONFIG_FILE": "/dev/null",
-    "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    "AWS_EC2_METADATA_DISABLED": "true",
-    "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-}
-SHARED = ROOT.parent / "shared"
-# The feature flags cdk.json sets (as `cdk init` writes them for aws-cdk-lib 2.275): tests build
-# the template `cdk synth` builds.
-FEATURE_FLAGS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["context"].items() if k.startswith("@")}
-
-
-CFN_LINT = str(Path(sys.executable).parent / "cfn-lint")
-
-
-def cfn_lint(*templates: Path) -> list[dict[str, Any]]:
-    """cfn-lint's findings for one or many templates in one run (its start-up dominates)."""
-    out = subprocess.run(
-        [CFN_LINT, "--format", "json", *map(str, templates)], capture_output=True, text=True, check=False
-    )
-    # Exit codes are a bit mask of error (2), warning (4), info (8); 1 is a crash.
-    assert out.returncode in (0, 2, 4, 6, 8, 10, 12, 14), out.stderr
-    return list(json.loads(out.stdout))
-
-
-def broken_template(template_file: Path, folder: Path) -> Path:
-    """A copy of the template with a NAT gateway's ConnectivityKind no schema allows."""
-    template = json.loads(template_file.read_text())
-    (nat_id,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::EC2::NatGateway"]
-    template["Resources"][nat_id]["Properties"]["ConnectivityKind"] = "sideways"
-    broken = folder / "broken.template.json"
-    broken.write_text(json.dumps(template))
-    return broken
-
-
-def leaves(tree: Any, path: str = "") -> dict[str, Any]:
-    """Every leaf of a JSON-like tree by its path (lists of dicts by index): for diffing configs."""
-    if isinstance(tree, dict):
-        return {k: v for key, sub in tree.items() for k, v in leaves(sub, f"{path}/{key}").items()}
-    if isinstance(tree, list) and tree and isinstance(tree[0], dict):
-        return {k: v for i, sub in enumerate(tree) for k, v in leaves(sub, f"{path}/{i}").items()}
-    return {path: tree}
-
-
-def new_app(**kwargs: Any) -> cdk.App:
-    return cdk.App(context=FEATURE_FLAGS, **kwargs)
-
-
-def build_stack(**settings: Any) -> PdServingStack:
-    app = new_app()
-    return PdServingStack(app, "Test", config=DeploymentConfig.create(**settings))
 
 
 @pytest.fixture(scope="session")
@@ -92,73 +28,7 @@ def stack_factory() -> Callable[..., PdServingStack]:
     return build_stack
 
 
-def run_app(context: dict[str, Any], outdir: Path) -> subprocess.CompletedProcess[str]:
-    """app.py exactly as the CDK CLI runs it: context in CDK_CONTEXT_JSON, output in CDK_OUTDIR."""
-    env = {**os.environ, "CDK_CONTEXT_JSON": json.dumps(context), "CDK_OUTDIR": str(outdir)}
-    return subprocess.run(
-        [sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False
-    )
-
-
-def synth_assembly(outdir: Path, nag: bool = True, **settings: Any) -> Path:
-    """Synthesize the app as `cdk synth` would, with cdk-nag's AwsSolutions pack when ``nag``;
-    returns the template file. A finding raises (cdk-nag 3 interrupts synthesis)."""
-    from cdk_nag import AwsSolutionsChecks
-
-    app = new_app(outdir=str(outdir))
-    PdServingStack(app, "RayLlmPdServing", config=DeploymentConfig.create(**settings))
-    if nag:
-        cdk.Validations.of(app).add_plugins(AwsSolutionsChecks())
-    app.synth()
-    return outdir / "RayLlmPdServing.template.json"
-
-
 @pytest.fixture(scope="session")
 def template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The default app's template, synthesized with cdk-nag on (so it also passed cdk-nag)."""
     return synth_assembly(tmp_path_factory.mktemp("cdk.out"))
-
-
-def logical_id(construct: Any) -> str:
-    """Logical id of a construct's CloudFormation resource (descending default children)."""
-    node = construct
-    while not isinstance(node, cdk.CfnElement):
-        node = node.node.default_child
-    return cdk.Stack.of(node).get_logical_id(node)
-
-
-def resources_of_type(template: dict[str, Any], type_: str) -> dict[str, dict[str, Any]]:
-    """A synthesized template's resources of one CloudFormation type, by logical id."""
-    return {k: v for k, v in template["Resources"].items() if v["Type"] == type_}
-
-
-def cloudwatch_agent(template: dict[str, Any], name: str, region: str) -> dict[str, Any]:
-    """One agent of the CloudWatch Observability add-on's configuration values, resolved in ``region``."""
-    from eks_pd_serving.assembly import resolve
-    from eks_pd_serving.observability import ADDON_NAME
-
-    (addon,) = [
-        v for v in resources_of_type(template, "AWS::EKS::Addon").values() if v["Properties"]["AddonName"] == ADDON_NAME
-    ]
-    (agent,) = [a for a in json.loads(resolve(addon["Properties"]["ConfigurationValues"], region))["agents"]
-                if a["name"] == name]  # fmt: skip
-    return dict(agent)
-
-
-def log_filter_matches(pattern: str, lines: list[str]) -> list[str]:
-    """The container log lines a CloudWatch Logs filter pattern selects, by moto's implementation
-    of filter patterns (quoted terms), on events as the CloudWatch add-on's Fluent Bit writes them
-    to the application log group (one JSON record per line)."""
-    import boto3
-    from moto import mock_aws
-
-    now = int(time.time() * 1000)
-    with mock_aws():
-        logs = boto3.client("logs", region_name="us-east-1")
-        logs.create_log_group(logGroupName="application")
-        logs.create_log_stream(logGroupName="application", logStreamName="node")
-        records = [json.dumps({"log": line + "\n", "stream": "stderr"}) for line in lines]
-        events = [{"timestamp": now + i, "message": record} for i, record in enumerate(records)]
-        logs.put_log_events(logGroupName="application", logStreamName="node", logEvents=events)
-        found = logs.filter_log_events(logGroupName="application", filterPattern=pattern)["events"]
-    return [json.loads(event["message"])["log"].rstrip("\n") for event in found]

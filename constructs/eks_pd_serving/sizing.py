@@ -2,8 +2,8 @@
 
 Models what vLLM 0.26.0 allocates on each GPU, so that the synth gate refuses what vLLM would
 refuse. Every figure is a product of model facts (catalog.py), the dtype, the tensor-parallel
-size and the GPU's memory, so a reviewer can redo it by hand (tests/test_sizing.py does), and
-tests/test_sizing.py checks it against vLLM's own profiler log (../shared/gpu/kv-capacity-*.txt).
+size and the GPU's memory, so a reviewer can redo it by hand (tests/unit/test_sizing.py does), and
+tests/unit/test_sizing.py checks it against vLLM's own profiler log (../shared/gpu/kv-capacity-*.txt).
 
 vLLM's rules, as its log states them:
 - memory: KV cache = gpu_memory_utilization x GPU memory - weights - activation peak - non-torch

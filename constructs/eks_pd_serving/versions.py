@@ -1,6 +1,6 @@
 """Versions that must move together, in one place.
 
-Each group below is pinned as a unit: bump one member and tests/test_versions.py tells you which
+Each group below is pinned as a unit: bump one member and tests/unit/test_versions.py tells you which
 other one has to follow.
 """
 

@@ -19,12 +19,12 @@ from typing import Any
 import promql_parser
 import pytest
 from aws_cdk.assertions import Template
-from conftest import cloudwatch_agent, resources_of_type
+from support import cloudwatch_agent, resources_of_type
 
 from eks_pd_serving import observability as om
 from eks_pd_serving.assembly import resolve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CATALOGUE = json.loads((ROOT / "tests" / "fixtures" / "ray-metrics-catalogue.json").read_text())["families"]
 # The image's stack (Ray 2.58, vLLM 0.26) on one H200, NIXL over UCX with CUDA KV buffers: what the
 # GPU rehearsal's endpoint exported, and the WorkerId joins it saw (docs/gpu-runs/2026-12-01).

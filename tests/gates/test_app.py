@@ -7,9 +7,9 @@ import subprocess
 from pathlib import Path
 
 import aws_cdk as cdk
-import conftest
 import pytest
-from conftest import NO_AWS_ENV, ROOT
+import support
+from support import NO_AWS_ENV, ROOT
 
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
@@ -23,7 +23,7 @@ def run_app(tmp_path: Path, context: dict[str, object]) -> subprocess.CompletedP
     with pytest.MonkeyPatch.context() as patch:
         for key, value in ENV.items():
             patch.setenv(key, value)
-        return conftest.run_app(context, tmp_path / "out")
+        return support.run_app(context, tmp_path / "out")
 
 
 def test_bad_setting_exits_2_with_one_line_and_writes_nothing(tmp_path: Path) -> None:

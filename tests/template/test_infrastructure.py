@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from aws_cdk.assertions import Capture, Match, Template
-from conftest import logical_id
+from support import logical_id
 
 from stacks.pd_serving_stack import PdServingStack
 

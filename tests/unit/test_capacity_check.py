@@ -12,8 +12,8 @@ from typing import Any
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import NO_AWS_ENV
 from moto import mock_aws
+from support import NO_AWS_ENV
 
 from eks_pd_serving.capacity import checks, handler
 from eks_pd_serving.capacity_check import CODE_DIR

@@ -11,7 +11,7 @@ from typing import Any
 import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
-from conftest import logical_id
+from support import logical_id
 
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects

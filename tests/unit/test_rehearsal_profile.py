@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import leaves
+from support import leaves
 
 from rehearsal import profile, verdict
 
@@ -109,9 +109,9 @@ def test_verdict_copies_nothing_it_did_not_judge() -> None:
 
 
 def test_the_rehearsed_autoscaled_config_is_the_default_plus_autoscaling(template_file: Path, tmp_path: Path) -> None:
-    """The CPU rehearsal runs the autoscaled template (tests/test_rehearsal.py): its serve config
+    """The CPU rehearsal runs the autoscaled template (tests/rehearsal/test_rehearsal.py): its serve config
     differs from the default's only in the autoscaling keys, so the run rehearses both."""
-    from conftest import synth_assembly
+    from support import synth_assembly
 
     template = synth_assembly(
         tmp_path, nag=False, autoscaling=True, prefill_max_replicas=1, decode_max_replicas=2,

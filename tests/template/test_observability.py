@@ -1,25 +1,23 @@
-"""Observability (issue 15): the CloudWatch Observability add-on and its Ray scrape, the log groups it
+"""Observability: the CloudWatch Observability add-on and its Ray scrape, the log groups it
 writes to, the dashboard, the two alarms and their topic. Metric names are checked against what the
 components emit: Ray/vLLM's against the CPU rehearsal's own Prometheus endpoint (the fixture, which
-tests/test_rehearsal.py compares with a live run), Container Insights' against AWS's documentation."""
+tests/rehearsal/test_rehearsal.py compares with a live run), Container Insights' against AWS's documentation."""
 
 from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
-from conftest import build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
+from support import FIXTURES, build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
 
 from eks_pd_serving import observability as om
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects, resolve
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
-FIXTURES = Path(__file__).parent / "fixtures"
 CATALOGUE = json.loads((FIXTURES / "ray-metrics-catalogue.json").read_text())["families"]
 # "Amazon EKS and Kubernetes Container Insights with enhanced observability metrics" (CloudWatch
 # user guide): the GPU table (node_gpu_utilization, node_gpu_memory_utilization) and the EFA table

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from support import ROOT
 
 from eks_pd_serving import versions
 

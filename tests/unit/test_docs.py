@@ -43,7 +43,7 @@ def test_each_default_is_written_once(name: str) -> None:
 
 
 # --- the front door and its links ------------------------------------------------------------------
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _anchors(page: Path) -> set[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import ROOT
+from support import ROOT
 from test_ray_service_chart import ray_service
 
 from eks_pd_serving import versions

@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import synth_assembly
+from support import FIXTURES, synth_assembly
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.lifecycle import facts, rules
 from eks_pd_serving.lifecycle.graph import StackModel
 from eks_pd_serving.lifecycle.needs import allocatable_cpu_m, named_log_groups
 
-BEFORE = Path(__file__).parent / "fixtures" / "lifecycle" / "before-fixes"
+BEFORE = FIXTURES / "lifecycle" / "before-fixes"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "internal": {"endpoint_exposure": "internal"},

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
-from conftest import logical_id, new_app, synth_assembly
+from support import logical_id, new_app, synth_assembly
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig

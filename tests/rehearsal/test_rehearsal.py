@@ -11,7 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 import yaml
-from conftest import ROOT, log_filter_matches
+from support import ROOT, log_filter_matches
 
 from eks_pd_serving import observability as om
 from rehearsal import profile
@@ -63,7 +63,7 @@ def autoscaled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The app with decode autoscaling from 1 to 2 replicas at a target of 1 request (prefill fixed
     at 1): its serve config is the default one plus the autoscaling keys (test_rehearsal_profile.py
     asserts that), so one run rehearses both."""
-    from conftest import synth_assembly
+    from support import synth_assembly
 
     return synth_assembly(
         tmp_path_factory.mktemp("cdk.out"), nag=False, autoscaling=True, prefill_max_replicas=1,
@@ -106,7 +106,7 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     ucx_lines = [line for line in (result.stdout + result.stderr).splitlines() if om.UCX_LINE in line]
     assert ucx_lines and log_filter_matches(om.UCX_FILTER_PATTERN, ucx_lines) == ucx_lines
     # Ray's endpoint exports every family the dashboard charts, with the type and labels the stack
-    # publishes it by; the catalogue tests/test_observability.py reads says the same of them.
+    # publishes it by; the catalogue tests/template/test_observability.py reads says the same of them.
     live = report["metrics"]
     recorded = json.loads((ROOT / "tests" / "fixtures" / "ray-metrics-catalogue.json").read_text())["families"]
     for metric in om.RAY_METRICS:

@@ -13,7 +13,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks
-from conftest import ROOT, broken_template, cfn_lint, new_app, synth_assembly
+from support import ROOT, broken_template, cfn_lint, new_app, synth_assembly
 
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack

@@ -1,4 +1,4 @@
-"""The endpoint and the Ray lock-down (issue 13): the internal NLB through the AWS Load Balancer
+"""The endpoint and the Ray lock-down: the internal NLB through the AWS Load Balancer
 Controller, its deploy and destroy order, and the NetworkPolicies closing the Ray head."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
-from conftest import build_stack, new_app
+from support import build_stack, new_app
 
 from eks_pd_serving import versions
 from eks_pd_serving._private.policies import published_policy

@@ -8,7 +8,7 @@ import json
 import os
 from pathlib import Path
 
-from conftest import ROOT
+from support import ROOT
 
 SNAPSHOT = ROOT / "tests" / "__snapshots__" / "template.json"
 

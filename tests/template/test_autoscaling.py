@@ -1,4 +1,4 @@
-"""Autoscaling per phase (issue 14): Serve replicas, Ray worker pods and GPU nodes between the
+"""Autoscaling per phase: Serve replicas, Ray worker pods and GPU nodes between the
 bounds the settings give, the Cluster Autoscaler that moves the nodes, and every rule across them."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from conftest import NO_AWS_ENV, ROOT, build_stack, resources_of_type, synth_assembly
+from support import NO_AWS_ENV, ROOT, build_stack, resources_of_type, synth_assembly
 from test_ray_service_chart import ray_service, serve_args
 
 from eks_pd_serving import versions

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import NO_AWS_ENV, ROOT, synth_assembly
+from support import NO_AWS_ENV, ROOT, synth_assembly
 
 from eks_pd_serving.lifecycle.changes import Change, Impact, compare, create_only_paths
 from eks_pd_serving.lifecycle.graph import StackModel

@@ -6,7 +6,7 @@ import re
 import tomllib
 
 import pytest
-from conftest import ROOT, SHARED
+from support import ROOT, SHARED
 
 from eks_pd_serving import versions
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
-from conftest import logical_id
+from support import logical_id
 
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import DeploymentConfig
@@ -81,14 +81,14 @@ def test_every_kms_key_rotates(template: Template) -> None:
 
 
 def test_the_alarm_topics_key_rotates_too() -> None:
-    from conftest import build_stack
+    from support import build_stack
 
     keys = Template.from_stack(build_stack(alarm_email="ops@example.com")).find_resources("AWS::KMS::Key")
     assert len(keys) == 4 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
 
 
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
-    """The default exposure (port-forward); the internal NLB is tests/test_endpoint.py's."""
+    """The default exposure (port-forward); the internal NLB is tests/template/test_endpoint.py's."""
     objects = manifests(template_file)
     assert {o["kind"] for o in objects} == {"Namespace", "RayService", "NetworkPolicy"}
     (service,) = [o for o in objects if o["kind"] == "RayService"]

@@ -10,8 +10,8 @@ from typing import Any
 import cdk8s
 import pytest
 import yaml
-from conftest import ROOT, SHARED
 from kuberay_schema import load_crd_schema, schema_errors
+from support import ROOT, SHARED
 
 from eks_pd_serving import versions
 from eks_pd_serving.config import DeploymentConfig

@@ -11,9 +11,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from conftest import broken_template, cfn_lint, run_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support import broken_template, cfn_lint, run_app
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
@@ -56,7 +56,7 @@ SETTINGS: dict[str, tuple[st.SearchStrategy[Any], st.SearchStrategy[Any]]] = {
     "log_retention_days": (st.sampled_from([1, 30, "365", 3653]), st.sampled_from([0, 2, 10, "month", 4000])),
     "ray_upgrade_strategy": (st.sampled_from(["None", "NewCluster"]), st.sampled_from(["none", "Recreate", ""])),
     "endpoint_exposure": (st.sampled_from(["port-forward", "internal"]), st.sampled_from(["public", "Internal", ""])),
-    # Valid CIDRs clash with the default exposure (a cross-setting rule): tests/test_endpoint.py has them.
+    # Valid CIDRs clash with the default exposure (a cross-setting rule): tests/template/test_endpoint.py has them.
     "endpoint_client_cidrs": (st.just(None), st.sampled_from(["10.0.0.0/33", "fd00::/8", "vpc"])),
     "gpu_instance_type": (
         st.sampled_from(["g6.8xlarge", "g6.12xlarge", "g6e.24xlarge"]),

@@ -17,8 +17,8 @@ from urllib.parse import parse_qs, urlparse
 import boto3
 import pytest
 from botocore.stub import Stubber
-from conftest import NO_AWS_ENV, ROOT, synth_assembly
 from moto import mock_aws
+from support import NO_AWS_ENV, ROOT, synth_assembly
 
 from eks_pd_serving.assembly import field_diff
 from eks_pd_serving.cli import cost, preflight, verify
