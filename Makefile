@@ -15,6 +15,8 @@ VENV_GPU := .venv-gpu
 # stack (GPU_PYTHON=python3 on a machine where it is installed).
 GPU_PYTHON ?= $(VENV_GPU)/bin/python
 GPU_ARGS ?=
+# The package's CDK-free modules for a Python that has the GPU stack but not the package.
+GPU_PATH := PYTHONPATH=$(CURDIR)/constructs$(if $(PYTHONPATH),:$(PYTHONPATH))
 TEMPLATE := cdk.out/RayLlmPdServing.template.json
 PY := $(VENV)/bin/python
 CDK := node_modules/.bin/cdk
@@ -75,20 +77,20 @@ $(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.p
 GPU_DEPS := $(if $(filter $(VENV_GPU)/bin/python,$(GPU_PYTHON)),$(VENV_GPU)/.deps)
 
 rehearse-gpu: $(GPU_DEPS) synth
-	$(GPU_PYTHON) -m rehearsal.gpu rehearse --template $(TEMPLATE) $(GPU_ARGS)
+	$(GPU_PATH) $(GPU_PYTHON) -m rehearsal.gpu rehearse --template $(TEMPLATE) $(GPU_ARGS)
 
 emulate-gpu: $(GPU_DEPS) synth
-	$(GPU_PYTHON) -m rehearsal.gpu emulate --template $(TEMPLATE) --emulate-gpu L4 --model-shape full $(GPU_ARGS)
+	$(GPU_PATH) $(GPU_PYTHON) -m rehearsal.gpu emulate --template $(TEMPLATE) --emulate-gpu L4 --model-shape full $(GPU_ARGS)
 
 bench-gpu: $(GPU_DEPS) synth
-	$(GPU_PYTHON) -m rehearsal.gpu bench --template $(TEMPLATE) $(GPU_ARGS)
+	$(GPU_PATH) $(GPU_PYTHON) -m rehearsal.gpu bench --template $(TEMPLATE) $(GPU_ARGS)
 
 # The same harness inside the serving image itself (its CUDA libraries, FlashInfer, EFA software):
 # needs docker, the NVIDIA container toolkit and `docker login` to the image's ECR registry.
 # Not run where this was developed (no docker on the GPU machine).
 GPU_IMAGE ?= $(shell $(PY) -c 'from eks_pd_serving.versions import ray_image_uri; print(ray_image_uri("us-east-1"))')
 rehearse-gpu-image: synth
-	docker run --rm --gpus all --ipc host --network host -v $(CURDIR):/work -w /work $(GPU_IMAGE) \
+	docker run --rm --gpus all --ipc host --network host -v $(CURDIR):/work -w /work -e PYTHONPATH=/work/constructs $(GPU_IMAGE) \
 		python -m rehearsal.gpu rehearse --template $(TEMPLATE) $(GPU_ARGS)
 
 lint: $(VENV)/.test-deps

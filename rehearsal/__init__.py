@@ -1,13 +1,8 @@
-"""Local CPU rehearsal of the deployed serve application (docs/development/rehearsals.md, `make rehearse`).
+"""The CPU rehearsal of the deployed serve application (`make rehearse`) and the GPU one
+(`make rehearse-gpu`); docs/development/rehearsals.md.
 
-Its virtualenv (.venv-rehearse) holds Ray, vLLM and NIXL but not the CDK package; the one
-module it shares with it, ``eks_pd_serving.assembly``, is plain JSON handling, so the package
-folder is put on the path instead of installing aws-cdk-lib there.
+Their virtualenvs (.venv-rehearse, .venv-gpu) hold Ray, vLLM and NIXL but not aws-cdk-lib; the
+modules they share with the package (``eks_pd_serving.assembly``, the observability catalogue)
+are plain Python, found through a .pth file the install scripts write (elsewhere:
+``PYTHONPATH=constructs``).
 """
-
-import sys
-from pathlib import Path
-
-_PACKAGE_ROOT = str(Path(__file__).resolve().parents[1] / "constructs")
-if _PACKAGE_ROOT not in sys.path:
-    sys.path.append(_PACKAGE_ROOT)

@@ -4,7 +4,7 @@
     python -m rehearsal.gpu emulate --emulate-gpu L4 [--model-shape full]
     python -m rehearsal.gpu bench [--out DIR]
 
-rehearse: the CPU rehearsal's harness (rehearsal/run.py) with the GPU profile
+rehearse: the CPU rehearsal's harness (rehearsal/harness.py) with the GPU profile
 (rehearsal/gpu_profile.py): KV buffers in CUDA memory, NIXL over UCX (LIBFABRIC where an EFA
 device exists), Qwen3.5's own model class. Prefill and decode on different GPUs (sharing one GPU
 when there is one). Then the same prompts on one colocated engine with no connector.
@@ -32,8 +32,8 @@ from typing import Any
 
 from eks_pd_serving.sizing import GIB
 
-from . import bench, gpu_profile, profile, qwen35_checkpoint, run
-from .run import log
+from . import bench, gpu_profile, harness, profile, qwen35_checkpoint
+from .harness import log
 
 # The engines' Triton kernels compile on first use; the first start of a 9B engine took ~140 s.
 DEPLOY_TIMEOUT_S = 480.0
@@ -69,7 +69,7 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
         log(f"== one GPU: prefill and decode share it, {gpu_profile.SHARED_GPU_UTILIZATION} of its memory each")
     report: dict[str, Any] = {"host": vars(host), "deployed": deployed, "rehearsed": rehearsed, "env": env}
     control = profile.colocated_control(rehearsed, placement=None)
-    return run.rehearse_and_judge(
+    return harness.rehearse_and_judge(
         report, env, args.timeout_s, model_id, started, args.report, control=control, strict=False
     )
 
@@ -139,14 +139,14 @@ def run_bench(args: argparse.Namespace, host: gpu_profile.GpuHost, started: floa
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     log(f"== workload: {workload}")
     log(profile.diff(deployed, pd))
-    http_port, metrics_port = run.free_port(), run.free_port()
+    http_port, metrics_port = harness.free_port(), harness.free_port()
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
-    with run.local_ray(env, metrics_port, profile.custom_resources(pd)):
+    with harness.local_ray(env, metrics_port, profile.custom_resources(pd)):
         for name in args.layouts:
             config = layouts[name]
             log(f"== {name}: deploying")
-            ready_s = run.deploy(run.build(config), http_port, args.timeout_s)
+            ready_s = harness.deploy(harness.build(config), http_port, args.timeout_s)
             log(f"== {name}: healthy after {ready_s:.1f} s ({time.monotonic() - started:.1f} s since start)")
             base = f"http://127.0.0.1:{http_port}"
             records = asyncio.run(bench.run(base, model_id, tokenizer, WARM_UP))
@@ -157,7 +157,7 @@ def run_bench(args: argparse.Namespace, host: gpu_profile.GpuHost, started: floa
             )
             results[name] = bench.summary(records)
             log(f"== {name}: {json.dumps(results[name])}")
-            run.undeploy(config)
+            harness.undeploy(config)
     log(bench.table(results))
     try:
         runs = [bench.load(args.out / f"bench-{name}.json")[:3] for name in results]

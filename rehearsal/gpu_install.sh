@@ -11,4 +11,6 @@ mapfile -t stack < <(PYTHONPATH="$here/../constructs" "$python" -c \
   'from eks_pd_serving.versions import IMAGE_PYTHON_STACK; print("\n".join(IMAGE_PYTHON_STACK))')
 test -x "$venv/bin/python" || "$python" -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check "${stack[@]}" httpx psutil PyYAML matplotlib
-"$venv/bin/python" -c "import vllm, ray, nixl._api; print('GPU rehearsal env: vllm', vllm.__version__, 'ray', ray.__version__)"
+# The package's CDK-free modules from the source tree (a .pth file; no aws-cdk-lib here).
+"$venv/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/eks_pd_serving_source.pth', 'w').write(sys.argv[1] + '\\n')" "$(cd "$here/.." && pwd)/constructs"
+"$venv/bin/python" -c "import vllm, ray, nixl._api, eks_pd_serving.assembly; print('GPU rehearsal env: vllm', vllm.__version__, 'ray', ray.__version__)"

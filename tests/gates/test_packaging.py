@@ -167,3 +167,36 @@ def test_version_and_changelog_agree() -> None:
     import eks_pd_serving
 
     assert eks_pd_serving.__version__ == version
+
+
+def test_every_public_name_resolves_to_the_object_its_module_defines() -> None:
+    import importlib
+
+    import eks_pd_serving
+
+    for name in eks_pd_serving.__all__:
+        if name == "__version__":
+            continue
+        module = importlib.import_module(f"eks_pd_serving.{eks_pd_serving._EXPORTS[name]}")
+        assert getattr(eks_pd_serving, name) is getattr(module, name)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = eks_pd_serving.Nope
+
+
+def test_observability_re_exports_every_public_name_of_its_cdk_free_modules() -> None:
+    import ast
+
+    from eks_pd_serving import observability
+
+    for module_name in ("catalogue", "promql", "agent"):
+        tree = ast.parse((PACKAGE / "observability" / f"{module_name}.py").read_text())
+        defined = set()
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                defined.add(node.name)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                defined.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        public = {name for name in defined if not name.startswith("_")}
+        assert public and public <= set(observability.__all__), sorted(public - set(observability.__all__))

@@ -29,13 +29,13 @@ from typing import Any
 import httpx
 
 from ..endpoint_check import EndpointFailed, check_endpoint
-from ..k8s.network import endpoint_service_name
+from ..k8s.network import LOCK_DOWN_POLICIES, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES
+from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
 from ._common import add_config_arguments, console, load_config, table
 
-LIBFABRIC = "Backend LIBFABRIC was instantiated"
-UCX = "Backend UCX was instantiated"
+LIBFABRIC = LIBFABRIC_LINE
+UCX = UCX_LINE
 UCX_FIX = (
     "NIXL fell back to UCX, which moves the KV cache at TCP speed. Fix: keep kv_backend=LIBFABRIC, "
     "check the pods request vpc.amazonaws.com/efa and run privileged, and that FI_PROVIDER=efa is set"
@@ -106,12 +106,7 @@ def check_pods(
     return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}
 
 
-NETWORK_POLICIES = (
-    "default-deny-ingress",
-    "ray-cluster-internal",
-    "ray-from-operator",
-    "ray-serve-from-clients",
-)
+NETWORK_POLICIES = LOCK_DOWN_POLICIES
 
 
 def check_network_policies(networking: Any, namespace: str) -> Check:

@@ -31,6 +31,12 @@ SERVING_HEAD_LABELS = {"ray.io/node-type": "head", "ray.io/serve": "true"}
 NLB_CLASS = "service.k8s.aws/nlb"
 ENDPOINT_PORT = 80
 METRICS_POLICY = "ray-metrics-from-scraper"
+# The lock-down's policies in every exposure (verify checks each is in the cluster).
+DEFAULT_DENY_POLICY = "default-deny-ingress"
+RAY_CLUSTER_POLICY = "ray-cluster-internal"
+OPERATOR_POLICY = "ray-from-operator"
+SERVE_POLICY = "ray-serve-from-clients"
+LOCK_DOWN_POLICIES = (DEFAULT_DENY_POLICY, RAY_CLUSTER_POLICY, OPERATOR_POLICY, SERVE_POLICY)
 
 
 def endpoint_service_name(ray_service_name: str) -> str:
@@ -78,21 +84,21 @@ class ServingNetworkChart(cdk8s.Chart):
         kplus.NetworkPolicy(
             self,
             "DefaultDeny",
-            metadata=cdk8s.ApiObjectMetadata(name="default-deny-ingress"),
+            metadata=cdk8s.ApiObjectMetadata(name=DEFAULT_DENY_POLICY),
             selector=any_pod_here,
             ingress=kplus.NetworkPolicyTraffic(default=kplus.NetworkPolicyTrafficDefault.DENY),
         )
         cluster = kplus.NetworkPolicy(
-            self, "RayCluster", metadata=cdk8s.ApiObjectMetadata(name="ray-cluster-internal"), selector=ray_pods
+            self, "RayCluster", metadata=cdk8s.ApiObjectMetadata(name=RAY_CLUSTER_POLICY), selector=ray_pods
         )
         cluster.add_ingress_rule(ray_pods)
         from_operator = kplus.NetworkPolicy(
-            self, "Operator", metadata=cdk8s.ApiObjectMetadata(name="ray-from-operator"), selector=ray_pods
+            self, "Operator", metadata=cdk8s.ApiObjectMetadata(name=OPERATOR_POLICY), selector=ray_pods
         )
         # KubeRay v1.7: the dashboard client (Serve status) and RayHttpProxyClient (proxy health).
         from_operator.add_ingress_rule(operator, [_tcp(DASHBOARD_PORT), _tcp(SERVE_PORT)])
         serve = kplus.NetworkPolicy(
-            self, "Serve", metadata=cdk8s.ApiObjectMetadata(name="ray-serve-from-clients"), selector=ray_pods
+            self, "Serve", metadata=cdk8s.ApiObjectMetadata(name=SERVE_POLICY), selector=ray_pods
         )
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
         for index, cidr in enumerate(props.client_cidrs):

@@ -50,7 +50,9 @@ RAY_SCRAPE_JOB: Final = "ray"
 
 # The line NIXL logs when it falls back to UCX (TCP) instead of LIBFABRIC (EFA); the same line the
 # README and `verify` name. A filter pattern term in double quotes matches it as one phrase.
-UCX_LINE: Final = "Backend UCX was instantiated"
+NIXL_BACKEND_LINE: Final = "Backend {} was instantiated"
+UCX_LINE: Final = NIXL_BACKEND_LINE.format("UCX")
+LIBFABRIC_LINE: Final = NIXL_BACKEND_LINE.format("LIBFABRIC")
 UCX_FILTER_PATTERN: Final = f'"{UCX_LINE}"'
 UCX_METRIC: Final = "NixlUcxBackendLines"
 

@@ -1,0 +1,239 @@
+"""The CPU and GPU rehearsals' harness: a local Ray on loopback, the Serve applications built and
+deployed, the probes, the decode scale-up when the template autoscales, the colocated control,
+the report written whatever happens and the verdict. ``rehearsal.run`` (CPU) and
+``rehearsal.gpu`` are its commands; everything it starts is stopped on success, failure and
+Ctrl-C."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from eks_pd_serving.endpoint_check import check_endpoint
+from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
+
+from . import autoscale, profile, verdict
+from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins
+
+MARKER = "EKS_PD_REHEARSAL_RUN"
+PROMPTS = [
+    "The quick brown fox",
+    "Prefill computes the prompt",
+    "NIXL moves KV blocks between engines over UCX",
+    "Ray Serve exposes an endpoint",
+]
+LOCAL_ENV = {
+    # Each engine gets 1 GiB of KV cache in host memory; two share 2 cores without pinning.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+    "RAY_SERVE_LOG_TO_STDERR": "0",
+}
+# A new engine replica on two busy cores takes minutes (three processes import torch and vLLM).
+SCALE_UP_TIMEOUT_S = 480.0
+# Ray exports metrics every 10 s by default; every 250 ms lets each request's counters be read
+# before the next request is sent.
+RAY_SETTINGS = {"RAY_metrics_report_interval_ms": "250"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+@contextlib.contextmanager
+def local_ray(env: dict[str, str], metrics_port: int, resources: dict[str, float]) -> Iterator[str]:
+    """Ray on loopback; on exit every process it started (engines included) is gone."""
+    import ray
+
+    # A caller may name the run (tests running rehearsals side by side look for their own).
+    run_id = os.environ.get(MARKER) or uuid.uuid4().hex
+    os.environ[MARKER] = run_id  # inherited by raylet, workers and the engines they spawn
+    os.environ.update(env)
+    os.environ.update(RAY_SETTINGS)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def interrupted(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    for sig in previous:
+        signal.signal(sig, interrupted)
+    try:
+        ray.init(
+            address="local",
+            num_cpus=8,
+            resources=resources,
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            _metrics_export_port=metrics_port,
+            runtime_env={"env_vars": env},
+            log_to_driver=False,
+            logging_level=logging.WARNING,
+        )
+        yield run_id
+    finally:
+        with contextlib.suppress(Exception):
+            from ray import serve
+
+            serve.shutdown()
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        stopped = kill_marked(run_id)
+        if stopped:
+            log(f"teardown: stopped {stopped} leftover process(es)")
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def kill_marked(run_id: str) -> int:
+    """Kill every process of this run that outlived ray.shutdown (orphaned engine cores)."""
+    import psutil
+
+    me = os.getpid()
+    victims = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if proc.pid != me and proc.environ().get(MARKER) == run_id:
+                victims.append(proc)
+    for proc in victims:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    psutil.wait_procs(victims, timeout=10)
+    return len(victims)
+
+
+def build(serve_config: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """Each application built exactly as Serve would from its import path (Ray Serve LLM's
+    builders validate their arguments here). Needs Ray up: a builder may otherwise start one."""
+    from ray._common.utils import import_attr
+
+    return [(app, import_attr(app["import_path"])(app["args"])) for app in serve_config["applications"]]
+
+
+def deploy(built: list[tuple[dict[str, Any], Any]], http_port: int, timeout_s: float) -> float:
+    """Run the built applications; wait until every one is RUNNING."""
+    from ray import serve
+
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    started = time.monotonic()
+    for app, application in built:
+        serve.run(application, name=app["name"], route_prefix=app["route_prefix"], blocking=False)
+    while True:
+        status = serve.status().applications
+        states = {name: s.status for name, s in status.items()}
+        if states and all(s == "RUNNING" for s in states.values()):
+            return time.monotonic() - started
+        failed = {name: s.message for name, s in status.items() if s.status == "DEPLOY_FAILED"}
+        if failed:
+            raise ProbeFailed(f"deploy failed: {failed}")
+        if time.monotonic() - started > timeout_s:
+            raise ProbeFailed(f"not healthy after {timeout_s:.0f} s: {states}")
+        time.sleep(0.5)
+
+
+def undeploy(serve_config: dict[str, Any]) -> None:
+    from ray import serve
+
+    for app in serve_config["applications"]:
+        serve.delete(app["name"])
+
+
+def rehearse_both(
+    rehearsed: dict[str, Any],
+    env: dict[str, str],
+    timeout_s: float,
+    model_id: str,
+    started: float,
+    control: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The PD application (and its scale-up, when decode autoscales), then ``control`` (default:
+    one colocated engine with no connector), in one Ray session."""
+    http_port, metrics_port = free_port(), free_port()
+    endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
+    report: dict[str, Any] = {}
+    control = control or profile.colocated_control(rehearsed)
+    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
+        # Built first, with Ray up (building can start a Ray of its own otherwise): a broken
+        # config fails before anything deploys.
+        phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
+        for name, config, built in phases:
+            log(f"== {name}: deploying")
+            ready_s = deploy(built, http_port, timeout_s)
+            since_start = time.monotonic() - started
+            log(f"== {name}: healthy after {ready_s:.1f} s ({since_start:.1f} s since start)")
+            report[name] = run_probes(endpoint, PROMPTS)
+            report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
+            # The HTTP half of `python -m eks_pd_serving verify`, against this endpoint.
+            report[name]["verify_endpoint"] = asdict(check_endpoint(endpoint.base_url, model_id))
+            if config is rehearsed and autoscale.decode_scaling(rehearsed):
+                log("== pd: decode autoscales; bursts until Serve adds a replica")
+                report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
+            if config is rehearsed:
+                # After traffic, so the request and KV families exist: the dashboard's metric
+                # names are checked against this (tests/template/test_observability.py).
+                report["metrics"] = metric_catalogue(endpoint.metrics_url)
+                histograms = [family for family, kind in OTLP_METRICS if kind == "histogram"]
+                report["metric_joins"] = worker_joins(endpoint.metrics_url, histograms, JOIN_METRIC)
+            undeploy(config)
+    return report
+
+
+def recorded(report: dict[str, Any], report_file: Path, action: Callable[[], dict[str, Any]]) -> int | None:
+    """``report.update(action())``, the report written whatever happens. None when it completed;
+    else the exit status (1 failed, with the error shown, 130 interrupted)."""
+    try:
+        report.update(action())
+    except KeyboardInterrupt:
+        log("interrupted: everything stopped")
+        return 130
+    except Exception as error:  # Ray's own rejection of a config is the message to show
+        log(f"REHEARSAL FAILED: {type(error).__name__}: {error}")
+        return 1
+    finally:
+        report_file.parent.mkdir(parents=True, exist_ok=True)
+        report_file.write_text(json.dumps(report, indent=2, default=str))
+    return None
+
+
+def rehearse_and_judge(
+    report: dict[str, Any],
+    env: dict[str, str],
+    timeout_s: float,
+    model_id: str,
+    started: float,
+    report_file: Path,
+    control: dict[str, Any] | None = None,
+    strict: bool = True,
+) -> int:
+    """rehearse_both on ``report["rehearsed"]``, the report written whatever happens, the
+    verdict printed; the exit status (0 pass, 1 fail, 130 interrupted)."""
+    failed = recorded(
+        report,
+        report_file,
+        lambda: rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control),
+    )
+    if failed is not None:
+        return failed
+    ok, lines = verdict.judge(report, strict=strict)
+    scaling = autoscale.decode_scaling(report["rehearsed"])
+    if scaling:
+        scaled, scale_lines = autoscale.judge(report["autoscale"], scaling)
+        ok, lines = ok and scaled, lines + scale_lines
+    for line in lines:
+        log(line)
+    log(f"total {time.monotonic() - started:.1f} s; report in {report_file}")
+    return 0 if ok else 1
