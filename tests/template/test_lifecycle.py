@@ -238,3 +238,8 @@ def test_the_model_refuses_a_dependency_cycle() -> None:
     cyclic["Resources"]["Vpc"]["DependsOn"] = ["Late"]
     with pytest.raises(ValueError, match="dependency cycle"):
         StackModel(cyclic).needs("Vpc")
+
+
+def test_the_rule_registry_is_the_public_list_of_rules() -> None:
+    assert set(rules.TEMPLATE_RULES) <= set(rules.__all__)
+    assert all(rules.TEMPLATE_RULES[name].__name__ == name for name in rules.TEMPLATE_RULES)

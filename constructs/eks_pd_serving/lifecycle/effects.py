@@ -1,0 +1,234 @@
+"""What a change does to the running service, in one line per resource, and to the Kubernetes
+objects of a manifest that stays (created, changed, pruned, left behind or moved): the readings of
+CloudFormation, EKS, KubeRay and kubectl behaviour that ``changes.compare`` attaches."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..assembly import field_diff
+from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
+from . import facts, needs
+from .graph import Resource, StackModel, placeholders
+
+Action = Literal["add", "modify", "replace", "delete"]
+
+
+@dataclass(frozen=True)
+class ObjectChange:
+    resource: str
+    action: Literal["create", "change", "prune", "stays", "moves"]
+    object: str
+    effect: str
+
+
+# --- what a change does to the running service -------------------------------------------------
+
+
+def _labels(resource: Resource) -> Mapping[str, str]:
+    return resource.properties.get("Labels") or {}
+
+
+def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> str:
+    labels = _labels(resource)
+    gpu = GPU_NODE_LABELS.items() <= labels.items()
+    system = SYSTEM_NODE_LABELS.items() <= labels.items()
+    what = "GPU node group" if gpu else "system node group" if system else "node group"
+    pods = (
+        "the Ray workers on it restart and their engines reload the model"
+        if gpu
+        else "the Ray head restarts and with it the whole Ray cluster (all engines reload), KubeRay restarts"
+        if system
+        else "its pods restart"
+    )
+    if action == "add":
+        return f"{what} added: new nodes join the cluster"
+    if action == "delete":
+        return f"{what} deleted: its nodes are drained and terminated; {pods}"
+    if action == "replace":
+        return f"{what} replaced: a new group is created, then the old one drained and deleted; {pods}"
+    rolling = [p for p in paths if p.startswith(("/LaunchTemplate", "/ReleaseVersion", "/Version", "/AmiType"))]
+    if rolling:
+        return f"{what} updated: EKS replaces its nodes one at a time (rolling update); {pods}"
+    if any(p.startswith("/ScalingConfig") for p in paths):
+        return (
+            f"{what} size bounds changed: EKS sets the group to the template's desired size at once "
+            "(aws/containers-roadmap#1259); nodes above it are removed, with the pods on them"
+        )
+    return f"{what} updated in place (labels, tags or taints): no node replaced"
+
+
+def _manifest_effect(action: Action, resource: Resource) -> str:
+    kinds = sorted({o.kind for o in facts.kube_objects(resource)})
+    if action == "add":
+        return f"manifest applied: creates {', '.join(kinds)}"
+    if action == "delete":
+        nlb = any(
+            o.kind == "Service" and o.body.get("spec", {}).get("type") == "LoadBalancer"
+            for o in facts.kube_objects(resource)
+        )
+        extra = "; the load balancer controller deletes the NLB, and callers lose the endpoint" if nlb else ""
+        return f"kubectl delete of {', '.join(kinds)}{extra}"
+    return "kubectl apply --prune: see the object rows below"
+
+
+def _helm_effect(action: Action, old: Resource | None, new: Resource | None, paths: set[str]) -> str:
+    name = facts.release(new or old) if (new or old) else "?"  # type: ignore[arg-type]
+    if action == "add":
+        return f"helm install {name}"
+    if action == "delete":
+        return f"helm uninstall {name}: its pods go"
+    if any(p.startswith("/Version") for p in paths):
+        crds = " (helm does not upgrade CRDs: apply the new ones first)" if name == "kuberay-operator" else ""
+        return f"helm upgrade {name} to a new chart version: its pods restart{crds}"
+    if any(p.startswith("/Values") for p in paths):
+        return f"helm upgrade {name} with new values: its pods restart"
+    return f"helm upgrade {name}: no change to its pods"
+
+
+def _addon_effect(action: Action, resource: Resource, paths: set[str]) -> str:
+    name = resource.properties.get("AddonName")
+    if name == "amazon-cloudwatch-observability":
+        if action == "delete":
+            return "CloudWatch add-on removed: Container Insights, GPU/EFA metrics, Ray metrics and container logs stop"
+        if action == "add":
+            return "CloudWatch add-on installed: agents and Fluent Bit start on every node"
+    if action in ("add", "delete", "replace"):
+        return f"add-on {name} {dict(add='installed', delete='removed', replace='reinstalled')[action]}"
+    if any(p.startswith("/ConfigurationValues") for p in paths):
+        return f"add-on {name} configuration updated: EKS restarts its pods with the new values (no Ray pod restarts)"
+    return f"add-on {name} updated in place"
+
+
+def effect(action: Action, old: Resource | None, new: Resource | None, paths: set[str]) -> str:
+    resource = new or old
+    assert resource is not None
+    kind = resource.type
+    if kind == facts.NODEGROUP:
+        return _nodegroup_effect(action, resource, paths)
+    if kind == facts.MANIFEST:
+        return _manifest_effect(action, resource)
+    if kind == facts.HELM:
+        return _helm_effect(action, old, new, paths)
+    if kind == facts.ADDON:
+        return _addon_effect(action, resource, paths)
+    if kind == facts.CLUSTER:
+        if action == "replace":
+            return "EKS cluster replaced: every node, pod and object is rebuilt (full outage)"
+        return f"EKS cluster {action}"
+    if kind == "AWS::EC2::LaunchTemplate":
+        if action == "modify":
+            return "launch template: a new version; its node group rolls its nodes to it"
+        return f"launch template {action}"
+    if kind == facts.LOG_GROUP:
+        if action == "delete":
+            return "log group deleted, with its events"
+        if action == "replace":
+            return "log group replaced: a new group; the old one is deleted with its events"
+        return "log group " + ("created" if action == "add" else "settings changed")
+    if kind == "Custom::GpuCapacityCheck" and action in ("add", "modify"):
+        return "the GPU capacity check runs again (EFA, AZ offering, vCPU quota): a failure stops the update first"
+    if kind.startswith(("AWS::CloudWatch::", "AWS::SNS::", "AWS::Logs::MetricFilter")):
+        return "monitoring only: serving unaffected"
+    if kind.startswith("AWS::IAM::") or kind == facts.POD_IDENTITY:
+        if action == "modify":
+            return "permissions change: pods pick up new credentials on their next refresh"
+        return "permissions " + ("for what the change adds" if action == "add" else "removed") + ": no pod restarts"
+    if kind in (facts.FUNCTION, "AWS::Lambda::LayerVersion"):
+        return "deployment tooling (a provider Lambda): serving unaffected"
+    return f"{kind.split('::')[-1]} {action}: serving unaffected"
+
+
+# --- Kubernetes objects inside a manifest that stays ---------------------------------------------
+
+
+def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    changed = {path.split(".")[1] if path.startswith("spec.") else path for path, _, _ in field_diff(old, new)}
+    strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
+    lines = []
+    if "serveConfigV2" in changed:
+        lines.append(
+            "serve config changed: KubeRay redeploys the Serve applications on the running cluster; "
+            "engines restart in place and requests fail during the restart"
+        )
+    if "rayClusterConfig" in changed:
+        lines.append(
+            "RayCluster config changed under upgradeStrategy None: not applied until the cluster is recreated "
+            "(kubectl delete raycluster -l ray.io/originated-from-cr-name=<name>)"
+            if strategy == "None"
+            else "RayCluster config changed under NewCluster: a second Ray cluster is built beside the first, "
+            "traffic switches when it is ready (needs room for both)"
+        )
+    rest = sorted(changed - {"serveConfigV2", "rayClusterConfig"})
+    if rest:
+        lines.append(f"RayService {', '.join(rest)} changed: KubeRay applies it to the running service")
+    return lines
+
+
+def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectChange]:
+    before, after = old.resources[rid], new.resources[rid]
+    if before.type != facts.MANIFEST or before.properties.get("Manifest") == after.properties.get("Manifest"):
+        return []
+    olds = {o.key: o for o in facts.kube_objects(before)}
+    news = {o.key: o for o in facts.kube_objects(after)}
+    elsewhere = manifests_holding(new, exclude=rid)
+    found = []
+    for key in sorted(set(olds) | set(news)):
+        if key not in olds:
+            found.append(ObjectChange(rid, "create", key, "created by kubectl apply"))
+        elif key not in news:
+            if key in elsewhere:
+                found.append(
+                    ObjectChange(
+                        rid,
+                        "moves",
+                        key,
+                        f"moves to {elsewhere[key]}, which applies it "
+                        "(kubectl apply): stays in the cluster, owned by that manifest",
+                    )
+                )
+            elif olds[key].kind in needs.PRUNED_KINDS:
+                found.append(ObjectChange(rid, "prune", key, "removed from the manifest: kubectl's prune deletes it"))
+            else:
+                found.append(
+                    ObjectChange(
+                        rid,
+                        "stays",
+                        key,
+                        f"{olds[key].kind} removed from a pruned manifest: "
+                        "stays in the cluster (kubectl's default prune list does not have the kind)",
+                    )
+                )
+        elif _canonical(olds[key].body) != _canonical(news[key].body):
+            lines = (
+                _ray_service_effect(olds[key].body, news[key].body)
+                if news[key].kind == "RayService"
+                else [_object_effect(news[key])]
+            )
+            found += [ObjectChange(rid, "change", key, line) for line in lines]
+    return found
+
+
+def _canonical(body: Mapping[str, Any]) -> str:
+    return json.dumps(placeholders(body), sort_keys=True)
+
+
+def manifests_holding(model: StackModel, exclude: str = "") -> dict[str, str]:
+    """Object key -> the manifest resource that applies it (other than ``exclude``)."""
+    return {
+        obj.key: resource.id
+        for resource in model.of_type(facts.MANIFEST)
+        if resource.id != exclude
+        for obj in facts.kube_objects(resource)
+    }
+
+
+def _object_effect(obj: facts.KubeObject) -> str:
+    if obj.kind == "NetworkPolicy":
+        return "NetworkPolicy updated: the VPC CNI enforces it within seconds, no pod restarts"
+    if obj.kind == "Service" and (obj.body.get("spec") or {}).get("type") == "LoadBalancer":
+        return "load balancer Service updated: the controller reconciles the NLB in place"
+    return f"{obj.kind} updated by kubectl apply"

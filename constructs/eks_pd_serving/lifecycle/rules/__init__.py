@@ -1,0 +1,81 @@
+"""Lifecycle rules: small named functions over ``StackModel``, each returning what is wrong as
+findings that name the rule, the resource and the missing edge (or fact). Template rules take one
+model; ``pruned_objects_leave`` takes the templates before and after a setting flips, and
+``named_log_groups_preflighted`` the names preflight checks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..graph import StackModel
+from .capacity import (
+    NodeBudget,
+    head_cpu_m,
+    new_cluster_upgrade_fits,
+    ray_heads,
+    system_budget,
+    system_nodes_hold_their_pods,
+)
+from .destroy import (
+    aws_controllers_outlive_credentials_and_nodes,
+    aws_controllers_outlive_dns,
+    finalized_objects_outlive_no_controller,
+    kubectl_resources_outlive_api_route,
+    kubectl_resources_outlive_egress,
+    lambda_log_groups_outlive_their_functions,
+)
+from .finding import Finding
+from .network import serve_port_admits_nlb_subnets
+from .placement import no_unmovable_pods_on_autoscaled_nodes, rendered_agents, workloads_follow_their_nodes
+from .updates import named_log_groups_preflighted, pruned_objects_leave
+
+TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
+    rule.__name__: rule
+    for rule in (
+        kubectl_resources_outlive_api_route,
+        kubectl_resources_outlive_egress,
+        lambda_log_groups_outlive_their_functions,
+        aws_controllers_outlive_dns,
+        aws_controllers_outlive_credentials_and_nodes,
+        finalized_objects_outlive_no_controller,
+        no_unmovable_pods_on_autoscaled_nodes,
+        workloads_follow_their_nodes,
+        system_nodes_hold_their_pods,
+        new_cluster_upgrade_fits,
+        serve_port_admits_nlb_subnets,
+    )
+}
+
+
+def check(model: StackModel, preflighted: Iterable[str] | None = None) -> list[Finding]:
+    """Every template rule's findings, sorted (and the preflight rule when its names are given)."""
+    found = [finding for rule in TEMPLATE_RULES.values() for finding in rule(model)]
+    if preflighted is not None:
+        found += named_log_groups_preflighted(model, preflighted)
+    return sorted(found)
+
+
+__all__ = [
+    "TEMPLATE_RULES",
+    "Finding",
+    "NodeBudget",
+    "aws_controllers_outlive_credentials_and_nodes",
+    "aws_controllers_outlive_dns",
+    "check",
+    "finalized_objects_outlive_no_controller",
+    "head_cpu_m",
+    # The template rules, as TEMPLATE_RULES lists them.
+    "kubectl_resources_outlive_api_route",
+    "kubectl_resources_outlive_egress",
+    "lambda_log_groups_outlive_their_functions",
+    "named_log_groups_preflighted",
+    "new_cluster_upgrade_fits",
+    "no_unmovable_pods_on_autoscaled_nodes",
+    "pruned_objects_leave",
+    "ray_heads",
+    "rendered_agents",
+    "serve_port_admits_nlb_subnets",
+    "system_budget",
+    "system_nodes_hold_their_pods",
+    "workloads_follow_their_nodes",
+]
