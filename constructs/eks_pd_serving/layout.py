@@ -44,8 +44,6 @@ class GpuGroup:
     phases: tuple[str, ...]
     instance_type: str
     node_count: int
-    type_setting: str  # the setting that chose the instance type, for error messages
-    count_setting: str
     # With autoscaling: the node group's bounds (node_count is then the minimum, what the
     # deploy starts). None: fixed at node_count.
     node_bounds: tuple[int, int] | None = None
@@ -69,12 +67,6 @@ class GpuGroup:
     @property
     def max_node_count(self) -> int:
         return self.node_bounds[1] if self.node_bounds else self.node_count
-
-    @property
-    def bound_settings(self) -> tuple[str, str]:
-        """The settings of the group's min and max node counts, for error messages."""
-        prefix = "gpu" if self.shared else f"{self.name}_gpu"
-        return f"{prefix}_min_node_count", f"{prefix}_max_node_count"
 
     @property
     def need(self) -> GroupNeed:
@@ -140,7 +132,7 @@ def gpu_groups(
     bounds = node_bounds or {}
     if gpu_layout == "shared":
         count = bounds["gpu"][0] if "gpu" in bounds else gpu[1]
-        return [GpuGroup("gpu", PHASES, gpu[0], count, "gpu_instance_type", "gpu_node_count", bounds.get("gpu"))]
+        return [GpuGroup("gpu", PHASES, gpu[0], count, bounds.get("gpu"))]
     groups = []
     for phase in PHASES:
         instance_type, node_count = per_phase[phase]
@@ -150,8 +142,6 @@ def gpu_groups(
                 (phase,),
                 instance_type or gpu[0],
                 bounds[phase][0] if phase in bounds else node_count or DEFAULT_PHASE_NODE_COUNT,
-                f"{phase}_gpu_instance_type" if instance_type else "gpu_instance_type",
-                f"{phase}_gpu_node_count",
                 bounds.get(phase),
             )
         )

@@ -25,7 +25,7 @@ def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
         vpc=network.vpc,
         log_groups=logs,
     )
-    group = GpuGroup("decode", ("decode",), "g6e.8xlarge", 3, "decode_gpu_instance_type", "decode_gpu_node_count")
+    group = GpuGroup("decode", ("decode",), "g6e.8xlarge", 3)
     EfaGpuNodeGroup(
         stack, group.construct_id, group=group, cluster=eks.cluster, vpc=network.vpc, subnet=network.gpu_subnet
     )

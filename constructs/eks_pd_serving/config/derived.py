@@ -72,6 +72,24 @@ def gpu_group(s: Settings, phase: str) -> GpuGroup:
     return next(group for group in gpu_groups(s) if phase in group.phases)
 
 
+def type_setting(s: Settings, group: GpuGroup) -> str:
+    """The setting that chose a group's instance type (error messages name it)."""
+    if group.shared or phase_settings(s, group.name).gpu_instance_type is None:
+        return "gpu_instance_type"
+    return f"{group.name}_gpu_instance_type"
+
+
+def count_setting(group: GpuGroup) -> str:
+    """The setting of a group's fixed node count."""
+    return "gpu_node_count" if group.shared else f"{group.name}_gpu_node_count"
+
+
+def bound_settings(group: GpuGroup) -> tuple[str, str]:
+    """The settings of a group's min and max node counts."""
+    prefix = "gpu" if group.shared else f"{group.name}_gpu"
+    return f"{prefix}_min_node_count", f"{prefix}_max_node_count"
+
+
 def sizing(s: Settings, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
     """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's entry of
     the model; None for a model in neither."""

@@ -160,7 +160,7 @@ def _check_autoscaling(config: Settings) -> None:
                 f"{phase}_max_replicas"
             )
     for group in derived.gpu_groups(config):
-        low_key, high_key = group.bound_settings
+        low_key, high_key = derived.bound_settings(group)
         low, high = group.min_node_count, group.max_node_count
         if low > high:
             raise ValueError(
@@ -217,8 +217,8 @@ def _check_gpus(config: Settings) -> None:
                 for p in group.phases
             )
             raise ValueError(
-                f"{asked} needs {wanted} GPUs, but {group.count_setting}={group.node_count} x "
-                f"{group.instance_type} has {have}. Fix: raise {group.count_setting} to "
+                f"{asked} needs {wanted} GPUs, but {derived.count_setting(group)}={group.node_count} x "
+                f"{group.instance_type} has {have}. Fix: raise {derived.count_setting(group)} to "
                 f"{-(-wanted // per_node)} or lower replicas"
             )
 
@@ -243,11 +243,12 @@ def _check_model(config: Settings) -> None:
         sizing = derived.sizing(config, phase)
         assert sizing is not None
         group, tp = derived.gpu_group(config, phase), phase_settings(config, phase).tensor_parallel_size
+        type_key = derived.type_setting(config, group)
         for problem in sizing.problems():
             raise ValueError(
                 f"max_model_len={config.max_model_len} with dtype={config.dtype}, gpu_memory_utilization="
                 f"{config.gpu_memory_utilization} and {phase}_tensor_parallel_size="
-                f"{tp} on {group.type_setting}={group.instance_type}: {problem}. Fix: lower max_model_len, raise the "
+                f"{tp} on {type_key}={group.instance_type}: {problem}. Fix: lower max_model_len, raise the "
                 "tensor-parallel size, or choose a GPU with more memory"
             )
 
