@@ -38,6 +38,14 @@ from .harness import log
 # The engines' Triton kernels compile on first use; the first start of a 9B engine took ~140 s.
 DEPLOY_TIMEOUT_S = 480.0
 VARIANTS = {"text-only": True, "multimodal": False}  # language_model_only
+# `emulate --engine-choices`: the deployed text-only engine with each weight format and graph
+# mode (the settings quantization and {phase}_enforce_eager), batch limits pinned.
+ENGINE_CHOICES: dict[str, dict[str, Any]] = {
+    "bf16-eager": {"enforce_eager": True},
+    "fp8-eager": {"enforce_eager": True, "quantization": "fp8"},
+    "bf16-graphs": {"enforce_eager": False},
+    "fp8-graphs": {"enforce_eager": False, "quantization": "fp8"},
+}
 # A few requests of each kind before measuring (first calls compile kernels).
 WARM_UP = bench.Workload(window_s=3, streams=2, long_prompts=1, first_long_at_s=0.5)
 
@@ -87,11 +95,16 @@ def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     env = {**os.environ, **gpu_profile.gpu_env(profile.worker_env(ray_service), host), "VLLM_LOGGING_LEVEL": "DEBUG"}
     env.pop("VLLM_HOST_IP", None)
     procs = {}
-    for index, (variant, text_only) in enumerate(VARIANTS.items()):
+    variants: dict[str, dict[str, Any]] = {v: {"language_model_only": t} for v, t in VARIANTS.items()}
+    if args.engine_choices:
+        variants = {c: {"language_model_only": True, **ENGINE_CHOICES[c]} for c in args.engine_choices}
+    for index, (variant, choice) in enumerate(variants.items()):
         kwargs = copy.deepcopy(deployed_engine)
-        kwargs.update(model=str(model_dir), gpu_memory_utilization=utilization, language_model_only=text_only)
+        kwargs.update(model=str(model_dir), gpu_memory_utilization=utilization, **choice)
         for name, value in gpu_profile.server_defaults(gpu_profile.catalog_gpu_bytes(args.emulate_gpu)).items():
             kwargs.setdefault(name, value)
+        if args.max_num_seqs:
+            kwargs["max_num_seqs"] = args.max_num_seqs
         kwargs["kv_transfer_config"]["kv_connector_extra_config"]["backends"] = [host.kv_backend]
         kwargs["kv_transfer_config"]["kv_port"] = 14579 + index
         if dummy:
@@ -103,7 +116,7 @@ def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
         # One GPU and one NIXL side-channel port per engine (two may run at once).
         child_env = {**env, "CUDA_VISIBLE_DEVICES": str(index % max(host.gpus, 1)),
                      "VLLM_NIXL_SIDE_CHANNEL_PORT": str(5600 + 10 * index)}  # fmt: skip
-        cmd = [sys.executable, "-m", "rehearsal.gpu_engine", json.dumps(kwargs)]
+        cmd = [sys.executable, "-m", "rehearsal.gpu_engine", json.dumps(kwargs), *(["--decode"] if args.decode else [])]
         procs[variant] = (subprocess.Popen(cmd, env=child_env, stdout=logfile, stderr=subprocess.STDOUT), kwargs)
         if host.gpus < 2:
             procs[variant][0].wait()
@@ -115,7 +128,8 @@ def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
         measured = gpu_profile.vllm_figures(text)
         sizing = gpu_profile.sizing_for({**kwargs, "gpu_memory_utilization": deployed_engine["gpu_memory_utilization"]},
                                         model_source, args.emulate_gpu)  # fmt: skip
-        report[variant] = {"rc": rc, "vllm": measured, "rows": gpu_profile.comparison(measured, sizing)}
+        report[variant] = {"rc": rc, "vllm": measured, "rows": gpu_profile.comparison(measured, sizing),
+                           "engine": kwargs, "decode": gpu_profile.decode_figures(text)}  # fmt: skip
         log(f"== {variant}: engine exit {rc}")
         for line in gpu_profile.comparison_lines(variant, measured, sizing):
             log(line)
@@ -184,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=24)
     parser.add_argument("--long-prompts", type=int, default=12)
     parser.add_argument("--timeout-s", type=float, default=DEPLOY_TIMEOUT_S)
+    parser.add_argument("--engine-choices", nargs="+", choices=tuple(ENGINE_CHOICES),
+                        help="emulate: these weight-format and graph-mode choices (text only) instead")  # fmt: skip
+    parser.add_argument("--max-num-seqs", type=int, help="emulate: pin max_num_seqs (default: vLLM's)")
+    parser.add_argument("--decode", action="store_true", help="emulate: also time decode at batch 1 and full")
     args = parser.parse_args(argv)
     args.model_shape = args.model_shape or ("tiny" if args.command == "rehearse" else "full")
     args.report = args.report or args.work_dir / f"{args.command}.json"

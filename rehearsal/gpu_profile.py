@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
-from eks_pd_serving.sizing import GIB, MIB, Sizing, size
+from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
 SIDES = ("prefill_config", "decode_config")
 # Two engines on one GPU: each takes this share of its memory (vLLM checks free memory at start),
@@ -145,6 +145,8 @@ _FIGURES = {
     "concurrency": r"Maximum concurrency for [\d,]+ tokens per request: ([\d.]+)x",
     "block_tokens": r"Setting attention block size to (\d+) tokens",
     "num_blocks": r"Hybrid SSM registration: num_blocks=(\d+)",
+    "cudagraph_gib": r"GiB for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory",
+    "startup_s": r"STARTUP_S ([\d.]+)",
 }
 
 
@@ -158,6 +160,14 @@ def vllm_figures(log: str) -> dict[str, float]:
     return found
 
 
+def decode_figures(log: str) -> dict[str, dict[str, float]]:
+    """``gpu_engine --decode``'s lines: batch size -> median tokens/s in all and per stream."""
+    return {
+        match.group(1): {"tokens_per_s": float(match.group(2)), "per_stream": float(match.group(3))}
+        for match in re.finditer(r"DECODE batch=(\d+) tokens_per_s=([\d.]+) per_stream=([\d.]+)", log)
+    }
+
+
 def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str) -> Sizing:
     """The synth gate's figures for these engine settings on ``gpu``."""
     instance = next(f for f in INSTANCE_TYPES.values() if f.gpus and f.gpu_name.lower() == gpu.lower())
@@ -169,6 +179,10 @@ def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str) -> Si
         gpu_memory_utilization=float(engine_kwargs.get("gpu_memory_utilization", 0.9)),
         max_model_len=int(engine_kwargs["max_model_len"]),
         multimodal=not engine_kwargs.get("language_model_only", False),
+        quantization=str(engine_kwargs.get("quantization") or "none"),
+        enforce_eager=bool(engine_kwargs.get("enforce_eager", True)),
+        # What vLLM profiled with: the engine's own, else its default.
+        max_num_seqs=int(engine_kwargs.get("max_num_seqs", VLLM_DEFAULT_MAX_NUM_SEQS)),
     )
 
 
@@ -176,7 +190,7 @@ def comparison(measured: dict[str, float], sizing: Sizing) -> list[tuple[str, fl
     """(figure, vLLM, sizing, sizing/vLLM - 1) rows for the figures both give."""
     ours = {
         "weights_gib": sizing.weight_bytes / GIB,
-        "activation_peak_gib": sizing.activation_bytes / GIB - 0.23,
+        "activation_peak_gib": sizing.activation_bytes / GIB - NON_TORCH_BYTES / GIB,
         "kv_gib": sizing.kv_budget_bytes / GIB,
         "block_tokens": float(sizing.block_tokens),
         "num_blocks": float(sizing.num_blocks),

@@ -89,6 +89,26 @@ class ModelFacts:
     activation_peak_gib: float = 1.0
     vision_params: float = 0.0  # the vision tower, loaded unless language_model_only
     encoder_profile_peak_gib: float = 0.0
+    # Shapes of the text model's linear layers (config.json): what online FP8 quantizes.
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_attention_heads: int = 0
+    attn_output_gate: bool = False  # the query projection also yields a gate (twice its width)
+
+    @property
+    def linear_params(self) -> int:
+        """Weights of the text model's Linear layers, the ones vLLM's online ``quantization: fp8``
+        stores in FP8 (attention and Gated DeltaNet projections, the MLPs); embeddings, the LM head,
+        norms and the vision tower stay in the model's dtype."""
+        h = self.hidden_size
+        mlp = 3 * h * self.intermediate_size  # gate and up, down
+        q = self.num_attention_heads * self.head_dim * (2 if self.attn_output_gate else 1)
+        attention = h * q + 2 * h * self.num_kv_heads * self.head_dim + self.num_attention_heads * self.head_dim * h
+        key_dim = self.linear_num_key_heads * self.linear_key_head_dim
+        value_dim = self.linear_num_value_heads * self.linear_value_head_dim
+        # in_proj_qkvz (q, k, v and the gate z), in_proj_ba (one beta and one alpha per value head), out_proj
+        deltanet = h * (2 * key_dim + 2 * value_dim) + h * 2 * self.linear_num_value_heads + value_dim * h
+        return self.num_layers * mlp + self.full_attention_layers * attention + self.linear_layers * deltanet
 
     @property
     def linear_layers(self) -> int:
@@ -99,6 +119,11 @@ class ModelFacts:
         """Hybrid models need the same tensor-parallel size on prefill and decode and
         VLLM_SSM_CONV_STATE_LAYOUT=DS for NIXL transfers."""
         return self.linear_layers > 0
+
+
+# GPU memory bandwidth, GB/s, from NVIDIA's product datasheets (L4: 300 GB/s; L40S: 864 GB/s): the
+# decode step-time floor of `sizing`'s what-if table.
+GPU_MEMORY_BANDWIDTH_GBPS: Final = {"L4": 300.0, "L40S": 864.0}
 
 
 # Keyed by Hugging Face model source.
@@ -123,6 +148,10 @@ MODELS: Final[dict[str, ModelFacts]] = {
         linear_value_head_dim=128,
         linear_conv_kernel_dim=4,
         mamba_ssm_dtype="float32",
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_attention_heads=16,
+        attn_output_gate=True,
     ),
 }
 

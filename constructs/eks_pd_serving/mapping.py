@@ -24,6 +24,7 @@ from .k8s import (
     WorkerGroupSpec,
 )
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
+from .sizing import MAX_NUM_BATCHED_TOKENS
 
 
 def region(config: DeploymentConfig) -> str:
@@ -77,10 +78,15 @@ def worker_group(group: GpuGroup) -> WorkerGroupSpec:
 def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
     low, high = config.replica_bounds(phase)
     settings = config.phase(phase)
+    sizing = config.sizing(phase)
     return EngineSpec(
         replicas=settings.replicas,
         tensor_parallel_size=settings.tensor_parallel_size,
         enforce_eager=settings.enforce_eager,
+        # A model outside the catalogue has no sizing: only what was set.
+        max_num_seqs=sizing.max_num_seqs if sizing else settings.max_num_seqs,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        quantization=None if config.quantization == "none" else config.quantization,
         placement_resource=config.gpu_group(phase).placement_resource,
         autoscaling=ReplicaAutoscaling(low, high, config.target_ongoing_requests(phase))
         if config.autoscaling

@@ -31,11 +31,57 @@ NON_TORCH_BYTES = int(0.23 * GIB)
 # Attention kernels want blocks in multiples of this many tokens.
 BLOCK_ALIGNMENT_TOKENS = 16
 DENSE_BLOCK_TOKENS = 16
+# Weight formats (the ``quantization`` setting): "fp8" stores the Linear layers' weights in one
+# byte each (vLLM's online FP8, from the bf16 checkpoint); the rest stays in the model's dtype.
+QUANTIZATIONS = ("none", "fp8")
+# The scheduler's token budget per step, pinned in the engine config (vLLM would pick it by GPU
+# size: 2,048 below 70 GiB, 8,192 above); the activation peaks below were measured at it.
+MAX_NUM_BATCHED_TOKENS = 2048
 # Below this many concurrent max_model_len sequences per engine, synth warns.
 USEFUL_CONCURRENCY = 4
 # One TCP flow between EC2 instances is capped at 5 Gbps outside a placement group (10 inside);
 # NIXL over UCX on TCP runs one flow per peer, so 5 Gbps is what a silent UCX fallback gets.
 TCP_FLOW_GBPS = 5.0
+
+
+@dataclass(frozen=True)
+class EnginePeak:
+    """What one engine mode takes beside weights and KV cache at ``PEAK_SEQS`` sequences, as vLLM
+    0.26's profiler reported it."""
+
+    activation_gib: float  # the torch activation peak of the profiling run
+    cudagraph_gib: float  # CUDA graph memory (0 in eager mode)
+
+
+# Measured: Qwen3.5-9B's shape, text only, max_num_batched_tokens 2,048, max_num_seqs 16, at an L4
+# budget (docs/gpu-runs/2026-12-01/engine-choices/). torch.compile (CUDA graphs) raises the peak;
+# FP8 weights lower the eager one.
+PEAK_SEQS = 16
+ENGINE_PEAKS = {
+    ("none", True): EnginePeak(0.38, 0.0),
+    ("fp8", True): EnginePeak(0.24, 0.0),
+    ("none", False): EnginePeak(1.98, 0.09),
+    ("fp8", False): EnginePeak(1.98, 0.05),
+}
+# The profiling run samples max_num_seqs sequences over the whole vocabulary: the peak grows with
+# it (eager bf16: 0.38 GiB at 16, 1.00 GiB at vLLM's default 256; docs/gpu-runs/2026-11-30, 12-01).
+# Assumed the same per sequence in every mode, and CUDA graph memory proportional to max_num_seqs
+# (its capture sizes): estimates beyond the measured 16.
+PEAK_GIB_PER_SEQ = (1.00 - 0.38) / (256 - 16)
+REFERENCE_PEAK_GIB = 1.00  # the catalogue model's eager bf16 peak at 256 sequences
+
+
+def activation_gib(model: ModelFacts, quantization: str, enforce_eager: bool, max_num_seqs: int) -> float:
+    """Activation peak and CUDA graph memory of one engine, GiB (another model's scaled by its
+    eager peak against the measured one's: an estimate)."""
+    peak = ENGINE_PEAKS[(quantization, enforce_eager)]
+    scale = model.activation_peak_gib / REFERENCE_PEAK_GIB
+    activation = peak.activation_gib + PEAK_GIB_PER_SEQ * (max_num_seqs - PEAK_SEQS)
+    return scale * activation + peak.cudagraph_gib * max_num_seqs / PEAK_SEQS
+
+
+# vLLM 0.26's own max_num_seqs when none is given (an OpenAI server below 70 GiB).
+VLLM_DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True)
@@ -53,6 +99,10 @@ class Sizing:
     linear_groups: int
     max_model_len: int
     network_gbps: float
+    #: CUDA graphs (enforce_eager off): vLLM then needs a Mamba block per decode sequence.
+    cuda_graphs: bool = False
+    #: The engine's max_num_seqs (the setting, or the default ``size`` chose).
+    max_num_seqs_setting: int | None = None
 
     @property
     def kv_budget_bytes(self) -> int:
@@ -85,6 +135,12 @@ class Sizing:
         return math.floor(self.concurrency)
 
     @property
+    def max_num_seqs(self) -> int:
+        """The engine's ``max_num_seqs``: the setting, or the default ``size`` chose (what the KV
+        cache holds at max_model_len, within the Mamba-block rule; 1 when not even one fits)."""
+        return self.max_num_seqs_setting or 1
+
+    @property
     def bytes_per_full_sequence(self) -> int:
         """What NIXL moves for one max_model_len prompt: its blocks in every group."""
         return self.blocks_per_sequence * self.block_bytes
@@ -106,6 +162,11 @@ class Sizing:
                 f"{max(self.kv_budget_bytes, 0) / MIB:.0f} MiB left after weights and activations "
                 f"(vLLM refuses to start)"
             )
+        elif self.cuda_graphs and self.max_num_seqs > self.num_blocks:
+            found.append(
+                f"max_num_seqs={self.max_num_seqs} exceeds the {self.num_blocks} Mamba cache blocks the KV cache "
+                "holds, and with CUDA graphs each decode sequence needs one (vLLM refuses to start)"
+            )
         return found
 
     def warnings(self) -> list[str]:
@@ -125,7 +186,8 @@ class Sizing:
             f"{self.state_bytes_per_sequence / MIB:.1f} MiB/sequence; blocks of {self.block_tokens} tokens, "
             f"{self.block_bytes / MIB:.2f} MiB each, {self.blocks_per_sequence} per sequence",
             f"{self.num_blocks} blocks: capacity {self.kv_capacity_tokens} tokens; concurrency "
-            f"{self.concurrency:.2f} sequences of {self.max_model_len} tokens",
+            f"{self.concurrency:.2f} sequences of {self.max_model_len} tokens; max_num_seqs {self.max_num_seqs}"
+            + (" (CUDA graphs)" if self.cuda_graphs else " (eager)"),
             f"one {self.max_model_len}-token prompt's KV: {self.bytes_per_full_sequence / MIB:.1f} MiB, "
             f"{self.transfer_ms(self.network_gbps):.1f} ms over EFA at {self.network_gbps:g} Gbps vs "
             f"{self.transfer_ms(TCP_FLOW_GBPS):.1f} ms over one TCP flow at {TCP_FLOW_GBPS:g} Gbps",
@@ -167,6 +229,9 @@ def size(
     max_model_len: int,
     multimodal: bool = False,
     gpu_bytes: int | None = None,
+    quantization: str = "none",
+    enforce_eager: bool = True,
+    max_num_seqs: int | None = None,
 ) -> Sizing:
     """Per GPU, for one engine replica spread over ``tensor_parallel_size`` GPUs. ``gpu_bytes``
     overrides the instance's GPU memory (to compare with a run on another GPU)."""
@@ -174,7 +239,11 @@ def size(
     tp = tensor_parallel_size
     gpu_bytes = instance.gpu_memory_mib * MIB if gpu_bytes is None else gpu_bytes
     params = model.params + (model.vision_params if multimodal else 0)
-    activation = model.activation_peak_gib + (model.encoder_profile_peak_gib if multimodal else 0)
+    if quantization == "fp8":
+        weight_bytes = int(model.linear_params + (params - model.linear_params) * dtype_bytes) // tp
+    else:
+        weight_bytes = int(params * dtype_bytes) // tp
+    encoder = model.encoder_profile_peak_gib if multimodal else 0.0
     per_token_layer = attention_bytes_per_token_per_layer(model, dtype_bytes, tp)
     if model.hybrid:
         mamba_page = mamba_bytes_per_layer(model, dtype_bytes, tp)
@@ -185,18 +254,41 @@ def size(
         linear_groups = math.ceil(model.linear_layers / group)
     else:
         block_tokens, group, attention_groups, linear_groups = DENSE_BLOCK_TOKENS, model.num_layers, 1, 0
-    return Sizing(
-        gpu_bytes=gpu_bytes,
-        usable_bytes=int(gpu_bytes * gpu_memory_utilization),
-        weight_bytes=int(params * dtype_bytes) // tp,
-        activation_bytes=int(activation * GIB) + NON_TORCH_BYTES,
-        kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes, tp),
-        state_bytes_per_sequence=state_bytes_per_sequence(model, dtype_bytes, tp),
-        block_tokens=block_tokens,
-        page_bytes=block_tokens * per_token_layer,
-        layers_per_group=group,
-        attention_groups=attention_groups,
-        linear_groups=linear_groups,
-        max_model_len=max_model_len,
-        network_gbps=instance.network_gbps,
-    )
+
+    def sized(seqs: int, setting: int | None) -> Sizing:
+        activation = activation_gib(model, quantization, enforce_eager, seqs) + encoder
+        return Sizing(
+            gpu_bytes=gpu_bytes,
+            usable_bytes=int(gpu_bytes * gpu_memory_utilization),
+            weight_bytes=weight_bytes,
+            activation_bytes=int(activation * GIB) + NON_TORCH_BYTES,
+            kv_bytes_per_token=kv_bytes_per_token(model, dtype_bytes, tp),
+            state_bytes_per_sequence=state_bytes_per_sequence(model, dtype_bytes, tp),
+            block_tokens=block_tokens,
+            page_bytes=block_tokens * per_token_layer,
+            layers_per_group=group,
+            attention_groups=attention_groups,
+            linear_groups=linear_groups,
+            max_model_len=max_model_len,
+            network_gbps=instance.network_gbps,
+            cuda_graphs=not enforce_eager,
+            max_num_seqs_setting=setting,
+        )
+
+    if max_num_seqs is not None:
+        return sized(max_num_seqs, max_num_seqs)
+
+    # The default: the most sequences s such that s full-length sequences fit the KV cache left
+    # when vLLM profiles with s (fewer sequences, a lower peak, more KV), and no more than the
+    # blocks when CUDA graphs need one each. The fit only gets worse as s grows: bisect.
+    def fits(seqs: int) -> bool:
+        trial = sized(seqs, seqs)
+        return trial.concurrency >= seqs and (enforce_eager or trial.num_blocks >= seqs)
+
+    low, high = 1, VLLM_DEFAULT_MAX_NUM_SEQS
+    if not fits(low):
+        return sized(low, None)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return sized(low, low)

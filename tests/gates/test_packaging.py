@@ -107,8 +107,13 @@ def installed_package(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )  # fmt: skip
     (wheel,) = build.glob("eks_pd_serving-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert {"eks_pd_serving/k8s/ray_service.py", "eks_pd_serving/cli/verify.py", "eks_pd_serving/lifecycle/rules/destroy.py",
-            "eks_pd_serving/policies/cluster-autoscaler-v1.35.2.json"} <= set(names)  # fmt: skip
+    expected = {
+        "eks_pd_serving/k8s/ray_service.py",
+        "eks_pd_serving/cli/verify.py",
+        "eks_pd_serving/lifecycle/rules/destroy.py",
+        "eks_pd_serving/policies/cluster-autoscaler-v1.35.2.json",
+    }
+    assert expected <= set(names)
     assert not any(n.startswith(("constructs/", "k8s/", "stacks/", "tests/")) for n in names)
     site = tmp_path_factory.mktemp("site")
     subprocess.run(

@@ -326,8 +326,8 @@ def test_sizing_reports_what_the_min_and_max_replicas_hold() -> None:
         cwd=ROOT, env={**NO_AWS_ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "replicas 1 to 2 (autoscaling): 11.73 to 23.45 sequences of 4096 tokens in all" in result.stdout
-    assert "replicas 1 to 3 (autoscaling): 11.73 to 35.18 sequences of 4096 tokens in all" in result.stdout
+    assert "replicas 1 to 2 (autoscaling): 15.27 to 30.55 sequences of 4096 tokens in all" in result.stdout
+    assert "replicas 1 to 3 (autoscaling): 15.27 to 45.82 sequences of 4096 tokens in all" in result.stdout
 
 
 def test_cost_prices_every_group_at_its_min_and_at_its_max(tmp_path: Path) -> None:

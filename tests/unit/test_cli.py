@@ -46,8 +46,22 @@ def test_every_subcommand_has_help(command: str) -> None:
 def test_sizing_prints_the_default_deployment() -> None:
     result = cli("sizing")
     assert result.returncode == 0
-    assert "129 blocks: capacity 48034 tokens; concurrency 11.73 sequences of 4096 tokens" in result.stdout
+    assert (
+        "168 blocks: capacity 62557 tokens; concurrency 15.27 sequences of 4096 tokens; max_num_seqs 15"
+        in result.stdout
+    )
     assert "60.9 ms over EFA at 25 Gbps vs 304.5 ms over one TCP flow at 5 Gbps" in result.stdout
+
+
+def test_sizing_prints_what_each_engine_choice_gives() -> None:
+    result = cli("sizing", env={**CLEAN_ENV, "COLUMNS": "250"})
+    rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]
+            for line in result.stdout.splitlines() if line.startswith("│")}  # fmt: skip
+    assert list(rows) == ["* bf16, eager", "bf16, CUDA graphs", "fp8, eager", "fp8, CUDA graphs"]
+    # weights GiB, KV GiB, KV tokens, max_num_seqs, full-length sequences, then the estimates.
+    assert rows["* bf16, eager"][:5] == ["16.80", "2.71", "62,557", "15", "15.27"]
+    assert rows["fp8, eager"][:5] == ["10.36", "9.20", "212,247", "51", "51.82"]
+    assert "an estimate" in result.stdout
 
 
 def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:

@@ -103,14 +103,18 @@ def test_emulation_refuses_what_it_cannot_emulate(gpu: str, host: gpu_profile.Gp
 PROFILES = {
     # the 9B as shipped (mamba_ssm_dtype float32): `make emulate-gpu`, 2026-11-30
     "ssm-float32-text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.09, "kv_tokens": 48034,
-                              "concurrency": 11.73, "block_tokens": 528, "num_blocks": 129, "non_torch_gib": 0.22},
+                              "concurrency": 11.73, "block_tokens": 528, "num_blocks": 129, "non_torch_gib": 0.22,
+        "cudagraph_gib": 0.0},
     "ssm-float32-multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.31, "kv_tokens": 7074,
-                               "concurrency": 1.73, "block_tokens": 528, "num_blocks": 19, "non_torch_gib": 0.22},
+                               "concurrency": 1.73, "block_tokens": 528, "num_blocks": 19, "non_torch_gib": 0.22,
+        "cudagraph_gib": 0.0},
     # an earlier run with the state in bfloat16
     "text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.0, "kv_tokens": 51738,
-                  "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23},
+                  "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23,
+        "cudagraph_gib": 0.0},
     "multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.22, "kv_tokens": 5605,
-                   "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23},
+                   "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23,
+        "cudagraph_gib": 0.0},
 }  # fmt: skip
 
 

@@ -28,14 +28,18 @@ import pytest
 
 from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS, ModelFacts
 from eks_pd_serving.config import ConfigError, DeploymentConfig
-from eks_pd_serving.sizing import GIB, size
+from eks_pd_serving.sizing import GIB, VLLM_DEFAULT_MAX_NUM_SEQS, size
 
 QWEN = MODELS["Qwen/Qwen3.5-9B"]
 L4 = INSTANCE_TYPES["g6.8xlarge"]
 
 
+AT_VLLMS_DEFAULT = {"prefill_max_num_seqs": 256, "decode_max_num_seqs": 256}
+
+
 def test_default_deployment_by_hand() -> None:
-    sizing = DeploymentConfig().sizing("decode")
+    """At vLLM's own max_num_seqs (256), what the recorded runs used."""
+    sizing = DeploymentConfig.create(**AT_VLLMS_DEFAULT).sizing("decode")
     assert sizing is not None
     assert sizing.gpu_bytes == 23_999_807_488
     assert sizing.usable_bytes == 21_599_826_739
@@ -78,6 +82,7 @@ def test_sizing_agrees_with_vllms_profiler_within_ten_percent(state: str, varian
     sizing = size(
         _shape(state), L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
         max_model_len=4096, multimodal=variant == "multimodal", gpu_bytes=int(budget * GIB),
+        max_num_seqs=VLLM_DEFAULT_MAX_NUM_SEQS,  # what vLLM profiled with in these runs
     )  # fmt: skip
     assert sizing.block_tokens == block_tokens
     assert sizing.weight_bytes / GIB == pytest.approx(weights, rel=0.10)
@@ -94,21 +99,26 @@ def test_given_vllms_kv_memory_the_block_model_gives_vllms_block_count(state: st
     memory: the same block count and concurrency as its log."""
     *_, kv, blocks, block_tokens, tokens, concurrency = RECORDED[state, variant]
     sizing = size(_shape(state), L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=1.0,
-                  max_model_len=4096)  # fmt: skip
+                  max_model_len=4096, max_num_seqs=VLLM_DEFAULT_MAX_NUM_SEQS)  # fmt: skip
     assert sizing.block_tokens == block_tokens
     assert int(kv * GIB) // sizing.block_bytes == blocks
     assert blocks / sizing.blocks_per_sequence == pytest.approx(concurrency, abs=0.005)
     assert int(blocks / sizing.blocks_per_sequence * 4096) == pytest.approx(tokens, abs=1)
 
 
-def test_the_default_deployment_is_what_vllm_allocated_for_it() -> None:
-    """The synth gate's figures for the default deployment equal vLLM's own for it (float32
-    state, text only, an L4 at 0.9): 129 blocks of 528 tokens, 48,034 tokens, 11.73x."""
-    sizing = DeploymentConfig().sizing("decode")
-    assert sizing is not None
-    *_, blocks, block_tokens, tokens, concurrency = RECORDED["float32", "text only"]
-    assert (sizing.num_blocks, sizing.block_tokens, sizing.kv_capacity_tokens) == (blocks, block_tokens, tokens)
-    assert sizing.concurrency == pytest.approx(concurrency, abs=0.005)
+def test_the_default_deployment_pins_max_num_seqs_to_what_its_kv_cache_holds() -> None:
+    """vLLM's default (256 sequences) sets the profiling peak at 1.00 GiB and leaves 48,034 KV tokens;
+    pinned at the sizing's own figure (15 full-length sequences), the peak drops and the KV cache
+    holds 62,557 tokens. At 16, what vLLM ran on 2026-12-01, the gate gives its figures exactly."""
+    decode = DeploymentConfig().sizing("decode")
+    assert decode is not None and decode.max_num_seqs == 15 and decode.concurrency >= 15
+    assert decode.kv_capacity_tokens == 62_557
+    at_256 = DeploymentConfig.create(decode_max_num_seqs=256).sizing("decode")
+    *_, blocks, block_tokens, tokens, _ = RECORDED["float32", "text only"]
+    assert at_256 is not None and (at_256.num_blocks, at_256.block_tokens, at_256.kv_capacity_tokens) == (
+        blocks, block_tokens, tokens)  # fmt: skip
+    at_16 = DeploymentConfig.create(decode_max_num_seqs=16).sizing("decode")
+    assert at_16 is not None and (at_16.num_blocks, at_16.kv_capacity_tokens) == (167, 62_184)
 
 
 def test_tensor_parallelism_splits_weights_and_kv() -> None:
@@ -131,27 +141,64 @@ def test_a_dense_model_uses_16_token_blocks_in_one_group() -> None:
 
 def test_synth_rejects_what_vllm_would_refuse_to_start() -> None:
     # 32,768 tokens: 63 attention blocks + 3 = 66 per sequence; 129 blocks fit: concurrency 1.95.
-    assert DeploymentConfig.create(max_model_len=32_768).sizing("decode").max_concurrent_sequences == 1  # type: ignore[union-attr]
+    longer = DeploymentConfig.create(max_model_len=32_768, **AT_VLLMS_DEFAULT).sizing("decode")
+    assert longer is not None and longer.max_concurrent_sequences == 1
     # 131,072 tokens: 249 + 3 = 252 blocks per sequence > 129.
     with pytest.raises(ConfigError, match=r"^max_model_len=131072 .* needs 252 KV blocks .* but only 129 fit"):
-        DeploymentConfig.create(max_model_len=131_072)
+        DeploymentConfig.create(max_model_len=131_072, **AT_VLLMS_DEFAULT)
 
 
 def test_the_vision_tower_is_refused_where_it_leaves_no_kv_cache() -> None:
     # With the vision tower at gpu_memory_utilization 0.85: 19.00 GiB - 17.66 - 2.15 < 0.
     with pytest.raises(ConfigError, match=r"the weights and activations need 19.8 GiB per GPU but .* leaves 19.0 GiB"):
-        DeploymentConfig.create(multimodal=True, gpu_memory_utilization=0.85)
+        DeploymentConfig.create(multimodal=True, gpu_memory_utilization=0.85, **AT_VLLMS_DEFAULT)
 
 
 def test_low_concurrency_warns() -> None:
-    warnings = DeploymentConfig.create(multimodal=True).warnings()
+    warnings = DeploymentConfig.create(multimodal=True, **AT_VLLMS_DEFAULT).warnings()
     assert any(w.startswith("prefill: only 1.64 sequences of max_model_len=4096") for w in warnings), warnings
     assert not any("sequences of max_model_len" in w for w in DeploymentConfig().warnings())
 
 
 def test_synth_rejects_weights_that_do_not_fit() -> None:
     with pytest.raises(ConfigError, match=r"the weights and activations need 34.8 GiB per GPU but"):
-        DeploymentConfig.create(dtype="float32")
+        DeploymentConfig.create(dtype="float32", **AT_VLLMS_DEFAULT)
+
+
+def test_pinned_batch_limits_also_lift_the_multimodal_engine_above_the_warning() -> None:
+    assert not any("sequences of max_model_len" in w for w in DeploymentConfig.create(multimodal=True).warnings())
+
+
+# --- engine choices: FP8 weights and CUDA graphs, against vLLM's profiler on 2026-12-01 ---------
+# (quantization, enforce_eager) -> vLLM 0.26.0's KV tokens and blocks at an L4 budget, text only,
+# max_num_seqs 16 (docs/gpu-runs/2026-12-01/engine-choices/).
+ENGINE_RUNS = {("none", True): (62_184, 167), ("fp8", True): (213_736, 574), ("none", False): (22_714, 61),
+               ("fp8", False): (172_032, 462)}  # fmt: skip
+
+
+@pytest.mark.parametrize(("quantization", "eager"), sorted(ENGINE_RUNS))
+def test_each_engine_choice_is_sized_within_five_percent_of_vllm(quantization: str, eager: bool) -> None:
+    tokens, blocks = ENGINE_RUNS[quantization, eager]
+    sizing = size(QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=0.9, max_model_len=4096,
+                  quantization=quantization, enforce_eager=eager, max_num_seqs=16)  # fmt: skip
+    assert sizing.kv_capacity_tokens == pytest.approx(tokens, rel=0.05)
+    assert sizing.num_blocks == pytest.approx(blocks, rel=0.05)
+
+
+def test_fp8_weights_follow_the_models_linear_layers() -> None:
+    # 6.92 B parameters in Linear layers at one byte, the other 2.10 B (embeddings, LM head, norms)
+    # at two: 10.36 GiB against the 10.39 GiB vLLM loaded.
+    assert QWEN.linear_params == 6_918_504_448
+    fp8 = size(QWEN, L4, dtype="bfloat16", tensor_parallel_size=1, gpu_memory_utilization=0.9, max_model_len=4096,
+               quantization="fp8")  # fmt: skip
+    assert fp8.weight_bytes / GIB == pytest.approx(10.39, rel=0.01)
+
+
+def test_cuda_graphs_refuse_more_sequences_than_mamba_blocks() -> None:
+    with pytest.raises(ConfigError, match=r"^decode_max_num_seqs=60 with decode_enforce_eager=false: .* holds \d+ .*"
+                                          r"Fix: set decode_max_num_seqs to at most"):  # fmt: skip
+        DeploymentConfig.create(decode_enforce_eager=False, decode_max_num_seqs=60)
+    assert DeploymentConfig.create(decode_enforce_eager=False).sizing("decode").max_num_seqs == 6  # type: ignore[union-attr]
 
 
 def test_more_memory_fits_more() -> None:

@@ -14,9 +14,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..catalog import ModelFacts
-from ..sizing import DTYPE_BYTES
-from ._common import add_config_arguments, console, load_config
+from rich.table import Table
+
+from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts
+from ..config import DeploymentConfig
+from ..sizing import DTYPE_BYTES, GIB, QUANTIZATIONS, Sizing, size
+from ._common import add_config_arguments, console, load_config, table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,6 +51,10 @@ def facts_from_config_json(path: Path) -> ModelFacts:
         linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
         linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 0)),
         mamba_ssm_dtype=text.get("mamba_ssm_dtype") if text.get("mamba_ssm_dtype") in DTYPE_BYTES else None,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=int(text["num_attention_heads"]),
+        attn_output_gate=bool(text.get("attn_output_gate", False)),
     )
 
 
@@ -76,4 +83,46 @@ def run(args: argparse.Namespace) -> int:
         for problem in sizing.problems():
             ok = False
             console.print(f"  [red]does not fit:[/red] {problem}")
+    console.print(what_if(config, facts))
     return 0 if ok else 1
+
+
+def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
+    """Decode's figures for each weight format and graph mode on its GPU, the configured one
+    marked; the step-time floor is an estimate (bytes read per step over the memory bandwidth)."""
+    group = config.gpu_group("decode")
+    bandwidth = GPU_MEMORY_BANDWIDTH_GBPS.get(group.instance.gpu_name)
+    rows = []
+    for quantization in QUANTIZATIONS:
+        for eager in (True, False):
+            sizing = size(
+                facts, group.instance, dtype=config.dtype, tensor_parallel_size=config.decode_tensor_parallel_size,
+                gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
+                multimodal=config.multimodal, quantization=quantization, enforce_eager=eager,
+            )  # fmt: skip
+            chosen = (quantization, eager) == (config.quantization, config.decode_enforce_eager)
+            floors = ["-", "-", "-"]
+            if bandwidth and not sizing.problems():
+                one, full = (step_floor_ms(sizing, batch, bandwidth) for batch in (1, sizing.max_num_seqs))
+                floors = [f"{one:.0f}", f"{full:.0f}", f"{sizing.max_num_seqs * 1e3 / full:,.0f}"]
+            rows.append([
+                ("* " if chosen else "") + f"{'bf16' if quantization == 'none' else quantization}, "
+                + ("eager" if eager else "CUDA graphs"),
+                f"{sizing.weight_bytes / GIB:.2f}", f"{max(sizing.kv_budget_bytes, 0) / GIB:.2f}",
+                f"{sizing.kv_capacity_tokens:,}", str(sizing.max_num_seqs), f"{sizing.concurrency:.2f}", *floors,
+            ])  # fmt: skip
+    return table(
+        f"What the engine choices give: decode on {group.instance_type} ({group.instance.gpu_name}, "
+        f"{bandwidth or '?'} GB/s); * = configured; step floor = weights + the batch's KV read once "
+        "per step over the bandwidth, an estimate (vLLM's own steps are slower)",
+        ["weights, mode", "weights GiB", "KV GiB", "KV tokens", "max_num_seqs", "full-length seqs",
+         "step floor ms, batch 1", "step floor ms, max_num_seqs", "tokens/s ceiling, max_num_seqs"],
+        rows,
+    )  # fmt: skip
+
+
+def step_floor_ms(sizing: Sizing, batch: int, bandwidth_gbps: float) -> float:
+    """A decode step reads every weight once and each running sequence's KV (at full length: the
+    most it reads); nothing can run faster than those bytes over the memory bandwidth."""
+    read = sizing.weight_bytes + batch * sizing.bytes_per_full_sequence
+    return read / (bandwidth_gbps * 1e9) * 1e3

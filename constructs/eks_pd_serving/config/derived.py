@@ -96,14 +96,18 @@ def sizing(s: Settings, phase: str, facts: ModelFacts | None = None) -> Sizing |
     facts = facts or model_facts(s)
     if facts is None:
         return None
+    p = phase_settings(s, phase)
     return size(
         facts,
         gpu_group(s, phase).instance,
         dtype=s.dtype,
-        tensor_parallel_size=phase_settings(s, phase).tensor_parallel_size,
+        tensor_parallel_size=p.tensor_parallel_size,
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_model_len=s.max_model_len,
         multimodal=s.multimodal,
+        quantization=s.quantization,
+        enforce_eager=p.enforce_eager,
+        max_num_seqs=p.max_num_seqs,
     )
 
 

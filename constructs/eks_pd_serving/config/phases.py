@@ -18,6 +18,7 @@ class PhaseSettings:
     target_ongoing_requests: float | None
     tensor_parallel_size: int
     enforce_eager: bool
+    max_num_seqs: int | None
     #: per_phase layout only (None: the shared group's).
     gpu_instance_type: str | None
     gpu_node_count: int | None
@@ -32,6 +33,7 @@ def phase_settings(settings: Settings, phase: str) -> PhaseSettings:
         return PhaseSettings(
             phase, s.prefill_replicas, s.prefill_min_replicas, s.prefill_max_replicas,
             s.prefill_target_ongoing_requests, s.prefill_tensor_parallel_size, s.prefill_enforce_eager,
+            s.prefill_max_num_seqs,
             s.prefill_gpu_instance_type, s.prefill_gpu_node_count, s.prefill_gpu_min_node_count,
             s.prefill_gpu_max_node_count,
         )  # fmt: skip
@@ -39,6 +41,7 @@ def phase_settings(settings: Settings, phase: str) -> PhaseSettings:
         return PhaseSettings(
             phase, s.decode_replicas, s.decode_min_replicas, s.decode_max_replicas,
             s.decode_target_ongoing_requests, s.decode_tensor_parallel_size, s.decode_enforce_eager,
+            s.decode_max_num_seqs,
             s.decode_gpu_instance_type, s.decode_gpu_node_count, s.decode_gpu_min_node_count,
             s.decode_gpu_max_node_count,
         )  # fmt: skip

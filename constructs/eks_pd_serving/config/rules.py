@@ -244,6 +244,14 @@ def _check_model(config: Settings) -> None:
         assert sizing is not None
         group, tp = derived.gpu_group(config, phase), phase_settings(config, phase).tensor_parallel_size
         type_key = derived.type_setting(config, group)
+        if sizing.cuda_graphs and sizing.max_num_seqs > sizing.num_blocks and sizing.num_blocks > 0:
+            raise ValueError(
+                f"{phase}_max_num_seqs={sizing.max_num_seqs} with {phase}_enforce_eager=false: vLLM needs a Mamba "
+                f"cache block per decode sequence with CUDA graphs, and the KV cache of {type_key}="
+                f"{group.instance_type} holds {sizing.num_blocks} (vLLM refuses to start). Fix: set "
+                f"{phase}_max_num_seqs to at most {sizing.num_blocks} (or leave it to the sizing), or "
+                f"{phase}_enforce_eager=true"
+            )
         for problem in sizing.problems():
             raise ValueError(
                 f"max_model_len={config.max_model_len} with dtype={config.dtype}, gpu_memory_utilization="

@@ -53,6 +53,11 @@ class EngineSpec:
     placement_resource: str | None = None
     # None: ``replicas`` replicas, fixed.
     autoscaling: ReplicaAutoscaling | None = None
+    # Batch limits and weight format written into the engine config, so vLLM never picks them by
+    # the GPU it finds. None: left out (vLLM's own).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    quantization: str | None = None
 
 
 @dataclass(frozen=True)
