@@ -12,10 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+import cdk8s
+import yaml
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.k8s import RayServiceChart
+from eks_pd_serving.mapping import ray_service_props
 from stacks.pd_serving_stack import PdServingStack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,3 +151,24 @@ def log_filter_matches(pattern: str, lines: list[str]) -> list[str]:
         logs.put_log_events(logGroupName="application", logStreamName="node", logEvents=events)
         found = logs.filter_log_events(logGroupName="application", filterPattern=pattern)["events"]
     return [json.loads(event["message"])["log"].rstrip("\n") for event in found]
+
+
+# --- the RayService as the chart renders it ---------------------------------------------------------
+RAY_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
+
+
+def render(**settings: Any) -> list[dict[str, Any]]:
+    config = DeploymentConfig.create(**settings)
+    chart = RayServiceChart(cdk8s.App(), "RayService", props=ray_service_props(config, RAY_IMAGE))
+    return list(cdk8s.Testing.synth(chart))
+
+
+def ray_service(**settings: Any) -> dict[str, Any]:
+    (service,) = [d for d in render(**settings) if d["kind"] == "RayService"]
+    return service
+
+
+def serve_args(service: dict[str, Any]) -> dict[str, Any]:
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    args: dict[str, Any] = app["args"]
+    return args

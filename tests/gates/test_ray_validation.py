@@ -12,8 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import ROOT
-from test_ray_service_chart import ray_service
+from support import ROOT, ray_service
 
 from eks_pd_serving import versions
 
@@ -56,8 +55,14 @@ def test_the_ray_venv_runs_the_images_ray_version() -> None:
             "decode_replicas": 2,
         },
         {"autoscaling": True, "gpu_layout": "per_phase", "prefill_min_replicas": 0, "decode_max_replicas": 4},
+        {
+            "quantization": "fp8",
+            "prefill_enforce_eager": False,
+            "decode_enforce_eager": False,
+            "decode_max_num_seqs": 32,
+        },
     ],
-    ids=["default", "two-prefill-replicas", "per-phase", "autoscaling"],
+    ids=["default", "two-prefill-replicas", "per-phase", "autoscaling", "fp8-graphs-pinned"],
 )
 def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[str, Any]) -> None:
     result = run_ray_check(tmp_path, ray_service(**settings))

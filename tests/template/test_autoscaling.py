@@ -15,8 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from support import NO_AWS_ENV, ROOT, build_stack, resources_of_type, synth_assembly
-from test_ray_service_chart import ray_service, serve_args
+from support import NO_AWS_ENV, ROOT, build_stack, ray_service, resources_of_type, serve_args, synth_assembly
 
 from eks_pd_serving import versions
 from eks_pd_serving._private.policies import published_policy

@@ -11,8 +11,7 @@ import pytest
 import yaml
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
-from support import logical_id, new_app, synth_assembly
-from test_ray_service_chart import ray_service, serve_args
+from support import logical_id, new_app, ray_service, serve_args, synth_assembly
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.pd_serving import PdServing

@@ -7,38 +7,16 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-import cdk8s
 import pytest
 import yaml
 from kuberay_schema import load_crd_schema, schema_errors
-from support import ROOT, SHARED
+from support import RAY_IMAGE, ROOT, SHARED, ray_service, render, serve_args
 
 from eks_pd_serving import versions
-from eks_pd_serving.config import DeploymentConfig
-from eks_pd_serving.k8s import RayServiceChart
 from eks_pd_serving.k8s.ray_service import POD_SECURITY_LABELS
-from eks_pd_serving.mapping import ray_service_props
 
 SNAPSHOT = ROOT / "tests" / "__snapshots__" / "ray_service.yaml"
 CRD_DIR = SHARED / "kuberay" / f"v{versions.KUBERAY_VERSION}"
-IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
-
-
-def render(**settings: Any) -> list[dict[str, Any]]:
-    config = DeploymentConfig.create(**settings)
-    chart = RayServiceChart(cdk8s.App(), "RayService", props=ray_service_props(config, IMAGE))
-    return list(cdk8s.Testing.synth(chart))
-
-
-def ray_service(**settings: Any) -> dict[str, Any]:
-    (service,) = [d for d in render(**settings) if d["kind"] == "RayService"]
-    return service
-
-
-def serve_args(service: dict[str, Any]) -> dict[str, Any]:
-    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
-    args: dict[str, Any] = app["args"]
-    return args
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +103,7 @@ def test_head_is_cpu_only_on_system_nodes(default_service: dict[str, Any]) -> No
     spec = head["template"]["spec"]
     assert spec["nodeSelector"] == {"role": "system"}
     (container,) = spec["containers"]
-    assert container["image"] == IMAGE
+    assert container["image"] == RAY_IMAGE
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
 
 
@@ -135,7 +113,7 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     spec = group["template"]["spec"]
     assert spec["nodeSelector"] == {"role": "gpu-worker"}
     (container,) = spec["containers"]
-    assert container["image"] == IMAGE
+    assert container["image"] == RAY_IMAGE
     assert container["securityContext"] == {"privileged": True}
     limits = container["resources"]["limits"]
     assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (1, 1)

@@ -201,6 +201,33 @@ def test_cuda_graphs_refuse_more_sequences_than_mamba_blocks() -> None:
     assert DeploymentConfig.create(decode_enforce_eager=False).sizing("decode").max_num_seqs == 6  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("quantization", ["none", "fp8"])
+@pytest.mark.parametrize("eager", [True, False])
+@pytest.mark.parametrize("seqs", [None, 1, 16, 48, 1024])
+def test_every_engine_combination_is_built_or_refused_in_one_line(
+    quantization: str, eager: bool, seqs: int | None
+) -> None:
+    settings = {"quantization": quantization, "prefill_enforce_eager": eager, "decode_enforce_eager": eager,
+                "prefill_max_num_seqs": seqs, "decode_max_num_seqs": seqs}  # fmt: skip
+    try:
+        config = DeploymentConfig.create(**settings)
+    except ConfigError as error:
+        assert "\n" not in str(error) and "Fix:" in str(error)
+        return
+    sizing = config.sizing("decode")
+    assert sizing is not None and not sizing.problems()
+    assert sizing.max_num_seqs == (seqs or sizing.max_num_seqs) and sizing.max_num_seqs >= 1
+
+
+def test_the_same_settings_are_refused_where_vllm_would_refuse_them() -> None:
+    # 1,024 sequences: the profiling peak leaves less KV than one full-length sequence needs.
+    with pytest.raises(ConfigError, match=r"one max_model_len=4096 sequence needs 11 KV blocks"):
+        DeploymentConfig.create(decode_max_num_seqs=1024)
+    with pytest.raises(ConfigError, match=r"decode_max_num_seqs=48 with decode_enforce_eager=false"):
+        DeploymentConfig.create(decode_enforce_eager=False, decode_max_num_seqs=48)
+    assert DeploymentConfig.create(quantization="fp8", decode_enforce_eager=False, decode_max_num_seqs=48)
+
+
 def test_more_memory_fits_more() -> None:
     sizing = DeploymentConfig.create(gpu_instance_type="g6e.8xlarge").sizing("decode")
     assert sizing is not None and sizing.max_concurrent_sequences > 100
