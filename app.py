@@ -7,6 +7,7 @@ import sys
 
 import aws_cdk as cdk
 
+from eks_pd_serving.cli.sizing_cmd import what_if_line
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
 
@@ -27,6 +28,8 @@ def print_sizing(config: DeploymentConfig) -> None:
             print(f"sizing ({phases}, {config.model_source} on {instance_type}, per GPU):", file=sys.stderr)
             for line in sizing.summary():
                 print(f"  {line}", file=sys.stderr)
+    if config.model_facts is not None:
+        print(what_if_line(config, config.model_facts), file=sys.stderr)
 
 
 def main() -> None:

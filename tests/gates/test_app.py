@@ -43,6 +43,9 @@ def test_app_synthesizes_from_context_strings(tmp_path: Path) -> None:
     template = json.loads((tmp_path / "out" / "RayLlmPdServing.template.json").read_text())
     node_groups = [r for r in template["Resources"].values() if r["Type"] == "AWS::EKS::Nodegroup"]
     assert {ng["Properties"]["ScalingConfig"]["DesiredSize"] for ng in node_groups} == {1, 3}
+    # The sizing, then the engine choices in one line (the configured one starred).
+    (choices,) = [line for line in result.stderr.splitlines() if line.startswith("engine choices")]
+    assert "*bf16, eager 62,557 (15 seqs)" in choices and "fp8, eager 212,247 (51 seqs)" in choices
 
 
 @pytest.mark.skipif(not CDK.exists(), reason="CDK CLI not installed (npm ci)")

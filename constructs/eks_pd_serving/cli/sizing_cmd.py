@@ -87,12 +87,10 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
-    """Decode's figures for each weight format and graph mode on its GPU, the configured one
-    marked; the step-time floor is an estimate (bytes read per step over the memory bandwidth)."""
+def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[str, bool, Sizing]]:
+    """(label, configured?, decode's sizing) for each weight format and graph mode on decode's GPU."""
     group = config.gpu_group("decode")
-    bandwidth = GPU_MEMORY_BANDWIDTH_GBPS.get(group.instance.gpu_name)
-    rows = []
+    found = []
     for quantization in QUANTIZATIONS:
         for eager in (True, False):
             sizing = size(
@@ -100,17 +98,27 @@ def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
                 gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
                 multimodal=config.multimodal, quantization=quantization, enforce_eager=eager,
             )  # fmt: skip
-            chosen = (quantization, eager) == (config.quantization, config.decode_enforce_eager)
-            floors = ["-", "-", "-"]
-            if bandwidth and not sizing.problems():
-                one, full = (step_floor_ms(sizing, batch, bandwidth) for batch in (1, sizing.max_num_seqs))
-                floors = [f"{one:.0f}", f"{full:.0f}", f"{sizing.max_num_seqs * 1e3 / full:,.0f}"]
-            rows.append([
-                ("* " if chosen else "") + f"{'bf16' if quantization == 'none' else quantization}, "
-                + ("eager" if eager else "CUDA graphs"),
-                f"{sizing.weight_bytes / GIB:.2f}", f"{max(sizing.kv_budget_bytes, 0) / GIB:.2f}",
-                f"{sizing.kv_capacity_tokens:,}", str(sizing.max_num_seqs), f"{sizing.concurrency:.2f}", *floors,
-            ])  # fmt: skip
+            label = f"{'bf16' if quantization == 'none' else quantization}, {'eager' if eager else 'CUDA graphs'}"
+            found.append((label, (quantization, eager) == (config.quantization, config.decode_enforce_eager), sizing))
+    return found
+
+
+def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
+    """Decode's figures for each weight format and graph mode on its GPU, the configured one
+    marked; the step-time floor is an estimate (bytes read per step over the memory bandwidth)."""
+    group = config.gpu_group("decode")
+    bandwidth = GPU_MEMORY_BANDWIDTH_GBPS.get(group.instance.gpu_name)
+    rows = []
+    for label, chosen, sizing in engine_choices(config, facts):
+        floors = ["-", "-", "-"]
+        if bandwidth and not sizing.problems():
+            one, full = (step_floor_ms(sizing, batch, bandwidth) for batch in (1, sizing.max_num_seqs))
+            floors = [f"{one:.0f}", f"{full:.0f}", f"{sizing.max_num_seqs * 1e3 / full:,.0f}"]
+        rows.append([
+            ("* " if chosen else "") + label,
+            f"{sizing.weight_bytes / GIB:.2f}", f"{max(sizing.kv_budget_bytes, 0) / GIB:.2f}",
+            f"{sizing.kv_capacity_tokens:,}", str(sizing.max_num_seqs), f"{sizing.concurrency:.2f}", *floors,
+        ])  # fmt: skip
     return table(
         f"What the engine choices give: decode on {group.instance_type} ({group.instance.gpu_name}, "
         f"{bandwidth or '?'} GB/s); * = configured; step floor = weights + the batch's KV read once "
@@ -119,6 +127,13 @@ def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
          "step floor ms, batch 1", "step floor ms, max_num_seqs", "tokens/s ceiling, max_num_seqs"],
         rows,
     )  # fmt: skip
+
+
+def what_if_line(config: DeploymentConfig, facts: ModelFacts) -> str:
+    """The what-if table in one line, for the synth output."""
+    parts = [f"{'*' if chosen else ''}{label} {s.kv_capacity_tokens:,} ({s.max_num_seqs} seqs)"
+             for label, chosen, s in engine_choices(config, facts) if not s.problems()]  # fmt: skip
+    return f"engine choices, decode KV tokens: {'; '.join(parts)} (python -m eks_pd_serving sizing for more)"
 
 
 def step_floor_ms(sizing: Sizing, batch: int, bandwidth_gbps: float) -> float:
