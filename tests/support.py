@@ -25,6 +25,8 @@ from stacks.pd_serving_stack import PdServingStack
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 SNAPSHOTS = ROOT / "tests" / "__snapshots__"
+# A dense model outside the catalogue, described by its config.json (model_config_json).
+DENSE = {"model_source": "my-org/dense", "model_config_json": str(FIXTURES / "models" / "dense-config.json")}
 
 
 # A process environment with no AWS credentials or config at all: synth and the CLI's offline

@@ -7,8 +7,9 @@ ones; adding a row is the fix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,8 @@ class ModelFacts:
         return self.linear_layers > 0
 
 
+# The state dtypes a config.json may name for Gated DeltaNet layers (``mamba_ssm_dtype``).
+_STATE_DTYPES = ("bfloat16", "float16", "float32")
 # GPU memory bandwidth, GB/s, from NVIDIA's product datasheets (L4: 300 GB/s; L40S: 864 GB/s): the
 # decode step-time floor of `sizing`'s what-if table.
 GPU_MEMORY_BANDWIDTH_GBPS: Final = {"L4": 300.0, "L40S": 864.0}
@@ -158,3 +161,34 @@ MODELS: Final[dict[str, ModelFacts]] = {
 # CloudWatch Logs accepts only these retention periods, days (PutRetentionPolicy).
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
                       3288, 3653)  # fmt: skip
+
+
+def facts_from_config(raw: Mapping[str, Any]) -> ModelFacts:
+    """Model facts from a model's own config.json, parsed (multimodal wrappers keep the text model
+    in text_config). Raises KeyError or ValueError when a field sizing needs is missing or wrong."""
+    text = raw.get("text_config", raw)
+    layers = int(text["num_hidden_layers"])
+    types = text.get("layer_types") or ["full_attention"] * layers
+    head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
+    vocab, hidden = int(text["vocab_size"]), int(text["hidden_size"])
+    inter = int(text.get("intermediate_size", 4 * hidden))
+    # Rough parameter count when the file does not say: embeddings, attention, MLP per layer.
+    params = raw.get("num_parameters") or (2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * inter))
+    return ModelFacts(
+        params=float(params),
+        max_model_len=int(text.get("max_position_embeddings", 4096)),
+        num_layers=layers,
+        full_attention_layers=sum(t == "full_attention" for t in types),
+        num_kv_heads=int(text.get("num_key_value_heads", text["num_attention_heads"])),
+        head_dim=head_dim,
+        linear_num_key_heads=int(text.get("linear_num_key_heads", 0)),
+        linear_num_value_heads=int(text.get("linear_num_value_heads", 0)),
+        linear_key_head_dim=int(text.get("linear_key_head_dim", 0)),
+        linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
+        linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 0)),
+        mamba_ssm_dtype=text.get("mamba_ssm_dtype") if text.get("mamba_ssm_dtype") in _STATE_DTYPES else None,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_attention_heads=int(text["num_attention_heads"]),
+        attn_output_gate=bool(text.get("attn_output_gate", False)),
+    )

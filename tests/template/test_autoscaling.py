@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 from aws_cdk.assertions import Template
-from support import NO_AWS_ENV, ROOT, build_stack, ray_service, resources_of_type, serve_args, synth_assembly
+from support import DENSE, NO_AWS_ENV, ROOT, build_stack, ray_service, resources_of_type, serve_args, synth_assembly
 
 from eks_pd_serving import versions
 from eks_pd_serving._private.policies import published_policy
@@ -109,7 +109,7 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ),
     (
         {"autoscaling": True, "gpu_instance_type": "g6.12xlarge", "decode_tensor_parallel_size": 4,
-         "prefill_tensor_parallel_size": 4, "model_source": "x/dense", "gpu_max_node_count": 3},
+         "prefill_tensor_parallel_size": 4, **DENSE, "gpu_max_node_count": 3},
         "prefill_max_replicas=2 (default) x prefill_tensor_parallel_size=4 + decode_max_replicas=2 (default) x "
         "decode_tensor_parallel_size=4 needs 16 GPUs",
     ),

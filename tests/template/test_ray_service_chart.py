@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 from kuberay_schema import load_crd_schema, schema_errors
-from support import RAY_IMAGE, ROOT, SHARED, ray_service, render, serve_args
+from support import DENSE, RAY_IMAGE, ROOT, SHARED, ray_service, render, serve_args
 
 from eks_pd_serving import versions
 from eks_pd_serving.k8s.ray_service import POD_SECURITY_LABELS
@@ -71,7 +71,7 @@ def test_per_phase_settings_reach_their_engine() -> None:
     args = serve_args(
         ray_service(
             gpu_instance_type="g6.12xlarge",
-            model_source="my-org/dense",
+            **DENSE,
             prefill_replicas=2,
             decode_tensor_parallel_size=2,
             decode_enforce_eager="false",
@@ -131,7 +131,7 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:
-    (group,) = ray_service(model_source="my-org/dense")["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (group,) = ray_service(**DENSE)["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     names = {e["name"] for e in group["template"]["spec"]["containers"][0]["env"]}
     assert "VLLM_SSM_CONV_STATE_LAYOUT" not in names
 
@@ -170,7 +170,7 @@ def test_chart_and_crd_are_the_same_kuberay_release() -> None:
     "settings",
     [
         {},
-        {"gpu_instance_type": "g6.12xlarge", "model_source": "x/dense", "decode_tensor_parallel_size": 2},
+        {"gpu_instance_type": "g6.12xlarge", **DENSE, "decode_tensor_parallel_size": 2},
         {"autoscaling": True, "gpu_layout": "per_phase", "prefill_min_replicas": 0},
     ],
     ids=["default", "multi-gpu", "autoscaling"],

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
+from support import DENSE
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
@@ -171,9 +173,27 @@ def test_unknown_context_key_is_rejected_with_a_suggestion() -> None:
         DeploymentConfig.from_context({"gpu_node_cont": "3"})
 
 
+def test_a_model_outside_the_catalogue_is_refused_without_its_config() -> None:
+    with pytest.raises(ConfigError, match=r"^model_source='my-org/dense' is not in the model catalogue .*"
+                                          r"Fix: set model_config_json"):  # fmt: skip
+        DeploymentConfig.create(model_source="my-org/dense")
+
+
+def test_a_model_config_json_sizes_the_model_and_caps_max_model_len(tmp_path: Path) -> None:
+    sizing = DeploymentConfig.create(**DENSE).sizing("decode")
+    assert sizing is not None and sizing.block_tokens == 16 and sizing.kv_bytes_per_token == 32 * 2 * 8 * 128 * 2
+    with pytest.raises(ConfigError, match=r"max_model_len=65536 exceeds my-org/dense's own maximum of 32768"):
+        DeploymentConfig.create(**DENSE, max_model_len=65536)
+    with pytest.raises(ConfigError, match=r"^model_config_json='.*nowhere.json' cannot be read .*Fix:"):
+        DeploymentConfig.create(model_source="my-org/dense", model_config_json=str(tmp_path / "nowhere.json"))
+    (tmp_path / "bad.json").write_text('{"hidden_size": 4096}')
+    with pytest.raises(ConfigError, match=r"is not a model config.json sizing can read \(KeyError"):
+        DeploymentConfig.create(model_source="my-org/dense", model_config_json=str(tmp_path / "bad.json"))
+
+
 def test_other_models_skip_the_hybrid_rule() -> None:
     config = DeploymentConfig.create(
-        model_source="my-org/dense-model",
+        **DENSE,
         gpu_instance_type="g6.12xlarge",
         prefill_tensor_parallel_size=2,
     )

@@ -12,13 +12,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from rich.table import Table
 
-from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts
+from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
-from ..sizing import DTYPE_BYTES, GIB, QUANTIZATIONS, Sizing, size
+from ..sizing import GIB, QUANTIZATIONS, Sizing, size
 from ._common import add_config_arguments, console, load_config, table
 
 
@@ -28,34 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def facts_from_config_json(path: Path) -> ModelFacts:
-    """Model facts from a config.json (multimodal wrappers keep the text model in text_config)."""
-    raw: dict[str, Any] = json.loads(path.read_text())
-    text = raw.get("text_config", raw)
-    layers = int(text["num_hidden_layers"])
-    types = text.get("layer_types") or ["full_attention"] * layers
-    head_dim = int(text.get("head_dim") or text["hidden_size"] // text["num_attention_heads"])
-    vocab, hidden = int(text["vocab_size"]), int(text["hidden_size"])
-    inter = int(text.get("intermediate_size", 4 * hidden))
-    # Rough parameter count when the file does not say: embeddings, attention, MLP per layer.
-    params = raw.get("num_parameters") or (2 * vocab * hidden + layers * (4 * hidden * hidden + 3 * hidden * inter))
-    return ModelFacts(
-        params=float(params),
-        max_model_len=int(text.get("max_position_embeddings", 4096)),
-        num_layers=layers,
-        full_attention_layers=sum(t == "full_attention" for t in types),
-        num_kv_heads=int(text.get("num_key_value_heads", text["num_attention_heads"])),
-        head_dim=head_dim,
-        linear_num_key_heads=int(text.get("linear_num_key_heads", 0)),
-        linear_num_value_heads=int(text.get("linear_num_value_heads", 0)),
-        linear_key_head_dim=int(text.get("linear_key_head_dim", 0)),
-        linear_value_head_dim=int(text.get("linear_value_head_dim", 0)),
-        linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 0)),
-        mamba_ssm_dtype=text.get("mamba_ssm_dtype") if text.get("mamba_ssm_dtype") in DTYPE_BYTES else None,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_attention_heads=int(text["num_attention_heads"]),
-        attn_output_gate=bool(text.get("attn_output_gate", False)),
-    )
+    """Model facts from a config.json (see ``catalog.facts_from_config``)."""
+    return facts_from_config(json.loads(path.read_text()))
 
 
 def run(args: argparse.Namespace) -> int:

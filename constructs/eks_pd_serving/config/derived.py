@@ -5,8 +5,12 @@ the cross-setting rules can use them while the model is being validated, without
 
 from __future__ import annotations
 
+import functools
+import json
+from pathlib import Path
+
 from .. import layout, versions
-from ..catalog import MODELS, ModelFacts
+from ..catalog import MODELS, ModelFacts, facts_from_config
 from ..layout import GpuGroup
 from ..sizing import Sizing, size
 from .phases import phase_settings
@@ -14,7 +18,27 @@ from .settings import DEFAULT_MAX_REPLICAS, DEFAULT_MIN_REPLICAS, DEFAULT_TARGET
 
 
 def model_facts(s: Settings) -> ModelFacts | None:
+    """The catalogue's entry for the model, else what its config.json (``model_config_json``)
+    says; None when neither exists (the rules refuse that)."""
+    if s.model_config_json:
+        return _facts_from_file(s.model_config_json)
     return MODELS.get(s.model_source)
+
+
+@functools.lru_cache(maxsize=16)
+def _facts_from_file(path: str) -> ModelFacts:
+    try:
+        return facts_from_config(json.loads(Path(path).read_text()))
+    except OSError as error:
+        raise ValueError(
+            f"model_config_json={path!r} cannot be read ({error.strerror}). Fix: give the path of the model's "
+            "config.json, relative to where synth runs"
+        ) from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise ValueError(
+            f"model_config_json={path!r} is not a model config.json sizing can read ({type(error).__name__}: "
+            f"{error}). Fix: use the config.json of the model's Hugging Face repository"
+        ) from None
 
 
 def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:

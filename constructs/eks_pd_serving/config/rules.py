@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..catalog import INSTANCE_TYPES
+from ..catalog import INSTANCE_TYPES, MODELS
 from ..layout import PHASES, RAY_HEAD_CPU_M
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
 from . import derived
@@ -226,7 +226,12 @@ def _check_gpus(config: Settings) -> None:
 def _check_model(config: Settings) -> None:
     facts = derived.model_facts(config)
     if facts is None:
-        return
+        raise ValueError(
+            f"model_source={config.model_source!r} is not in the model catalogue ({', '.join(MODELS)}) and "
+            "model_config_json is not set: synth cannot size it, and an engine that does not fit fails on the "
+            "cluster half an hour into the deploy. Fix: set model_config_json to the model's config.json from "
+            "its Hugging Face repository"
+        )
     if facts.hybrid and config.prefill_tensor_parallel_size != config.decode_tensor_parallel_size:
         raise ValueError(
             f"prefill_tensor_parallel_size={config.prefill_tensor_parallel_size} and "

@@ -319,6 +319,17 @@ class Settings(BaseModel):
         description="Hugging Face repository (or path) of the weights.",
         json_schema_extra=_hint("a Hugging Face repository such as Qwen/Qwen3.5-9B"),
     )
+    model_config_json: str | None = Field(
+        None,
+        description=(
+            "Path (relative to where synth runs) of the model's own config.json, from its Hugging Face "
+            "repository at the revision served: how synth sizes a model_source outside the catalogue."
+        ),
+        json_schema_extra=_hint(
+            "a path to a config.json, such as models/my-model/config.json",
+            means="the catalogue's entry for model_source; synth refuses a model outside it",
+        ),
+    )
     max_model_len: int = Field(
         4096,
         ge=16,
