@@ -141,6 +141,12 @@ class Sizing:
         return self.max_num_seqs_setting or 1
 
     @property
+    def short_of_mamba_blocks(self) -> bool:
+        """With CUDA graphs vLLM keeps a Mamba cache block per decode sequence: more sequences
+        than blocks and it refuses to start."""
+        return self.cuda_graphs and self.max_num_seqs > self.num_blocks
+
+    @property
     def bytes_per_full_sequence(self) -> int:
         """What NIXL moves for one max_model_len prompt: its blocks in every group."""
         return self.blocks_per_sequence * self.block_bytes
@@ -162,7 +168,7 @@ class Sizing:
                 f"{max(self.kv_budget_bytes, 0) / MIB:.0f} MiB left after weights and activations "
                 f"(vLLM refuses to start)"
             )
-        elif self.cuda_graphs and self.max_num_seqs > self.num_blocks:
+        elif self.short_of_mamba_blocks:
             found.append(
                 f"max_num_seqs={self.max_num_seqs} exceeds the {self.num_blocks} Mamba cache blocks the KV cache "
                 "holds, and with CUDA graphs each decode sequence needs one (vLLM refuses to start)"
@@ -283,7 +289,7 @@ def size(
     # blocks when CUDA graphs need one each. The fit only gets worse as s grows: bisect.
     def fits(seqs: int) -> bool:
         trial = sized(seqs, seqs)
-        return trial.concurrency >= seqs and (enforce_eager or trial.num_blocks >= seqs)
+        return trial.concurrency >= seqs and not trial.short_of_mamba_blocks
 
     low, high = 1, VLLM_DEFAULT_MAX_NUM_SEQS
     if not fits(low):

@@ -249,7 +249,7 @@ def _check_model(config: Settings) -> None:
         assert sizing is not None
         group, tp = derived.gpu_group(config, phase), phase_settings(config, phase).tensor_parallel_size
         type_key = derived.type_setting(config, group)
-        if sizing.cuda_graphs and sizing.max_num_seqs > sizing.num_blocks and sizing.num_blocks > 0:
+        if sizing.short_of_mamba_blocks and sizing.num_blocks > 0:
             raise ValueError(
                 f"{phase}_max_num_seqs={sizing.max_num_seqs} with {phase}_enforce_eager=false: vLLM needs a Mamba "
                 f"cache block per decode sequence with CUDA graphs, and the KV cache of {type_key}="

@@ -76,7 +76,9 @@ def _manifest_effect(action: Action, resource: Resource) -> str:
 
 
 def _helm_effect(action: Action, old: Resource | None, new: Resource | None, paths: set[str]) -> str:
-    name = facts.release(new or old) if (new or old) else "?"  # type: ignore[arg-type]
+    resource = new or old
+    assert resource is not None
+    name = facts.release(resource)
     if action == "add":
         return f"helm install {name}"
     if action == "delete":

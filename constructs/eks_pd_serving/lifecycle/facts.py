@@ -171,6 +171,12 @@ def nodegroups_for(model: StackModel, node_selector: Mapping[str, str]) -> list[
     ]
 
 
+def placed_on(model: StackModel, node_selector: Mapping[str, str] | None) -> list[Resource]:
+    """The node groups pods with this nodeSelector may land on; none without a selector (such pods
+    may land anywhere, which no rule counts as placed)."""
+    return nodegroups_for(model, node_selector) if node_selector else []
+
+
 def fixed_size(group: Resource) -> bool:
     """Whether a node group's size is pinned (min = max): no autoscaler removes its nodes."""
     scaling = group.properties.get("ScalingConfig") or {}

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from ..observability.catalogue import log_group_names
+
 # Helm releases of controllers that call AWS APIs while Kubernetes objects they own are deleted:
 # they need DNS (CoreDNS), credentials (EKS Pod Identity) and their nodes until those objects are
 # gone. The load balancer controller deletes the NLB, its target groups and security groups behind
@@ -37,6 +39,9 @@ PRUNED_KINDS: Final = frozenset(
 # add-ons (CoreDNS 2 x 100m, kube-proxy 100m, aws-node 25m) are the requests EKS deploys them
 # with as documented by EKS, not read from a pinned file here: an estimate.
 HELM_DEFAULT_CPU_M: Final = {"kuberay-operator": 100, "aws-load-balancer-controller": 0}
+# The Helm releases the stack installs that run a Deployment (not a DaemonSet): each must be
+# placed on purpose, or it may land on an autoscaled GPU node.
+DEPLOYMENT_RELEASES: Final = ("kuberay-operator", "aws-load-balancer-controller", "cluster-autoscaler")
 CLOUDWATCH_MANAGER_CPU_M: Final = 100
 CLOUDWATCH_AGENT_CPU_M: Final = 250
 CLOUDWATCH_DAEMONSET_CPU_M: Final = 250 + 50  # node agent and Fluent Bit, on every node
@@ -69,8 +74,6 @@ def named_log_groups(cluster_name: str, *, observability: bool) -> list[str]:
     """The log groups the stack creates under names AWS fixes: CloudFormation cannot create one
     that already exists (an earlier Container Insights setup, a cluster of the same name), so
     ``preflight`` looks for each before the first deploy."""
-    from ..observability import log_group_names
-
     return [
         control_plane_log_group_name(cluster_name),
         *(log_group_names(cluster_name).values() if observability else []),

@@ -63,8 +63,8 @@ def system_budget(model: StackModel) -> NodeBudget | None:
     ids = {g.id for g in groups}
 
     def here(selector: Mapping[str, str] | None) -> bool:
-        matching = {g.id for g in facts.nodegroups_for(model, selector or {})}
-        return bool(selector) and bool(matching) and matching <= ids
+        matching = {g.id for g in facts.placed_on(model, selector)}
+        return bool(matching) and matching <= ids
 
     nodes = sum(int(g.properties["ScalingConfig"]["MinSize"]) for g in groups)
     allocatable = 0

@@ -25,8 +25,8 @@ def _cluster_autoscaled(model: StackModel) -> bool:
 
 
 def _pinned(model: StackModel, node_selector: Mapping[str, str] | None) -> bool:
-    groups = facts.nodegroups_for(model, node_selector or {})
-    return bool(node_selector) and bool(groups) and all(facts.fixed_size(g) for g in groups)
+    groups = facts.placed_on(model, node_selector)
+    return bool(groups) and all(facts.fixed_size(g) for g in groups)
 
 
 def no_unmovable_pods_on_autoscaled_nodes(model: StackModel) -> list[Finding]:
@@ -60,8 +60,7 @@ def no_unmovable_pods_on_autoscaled_nodes(model: StackModel) -> list[Finding]:
                 )
     for chart in model.of_type(facts.HELM):
         name = facts.release(chart)
-        deployment = name in needs.HELM_DEFAULT_CPU_M or name == "cluster-autoscaler"
-        if deployment and not _pinned(model, facts.helm_values(chart).get("nodeSelector")):
+        if name in needs.DEPLOYMENT_RELEASES and not _pinned(model, facts.helm_values(chart).get("nodeSelector")):
             found.append(Finding(rule, chart.id, f"{name} has no nodeSelector for a fixed-size node group"))
     return found
 
