@@ -243,3 +243,14 @@ def test_the_model_refuses_a_dependency_cycle() -> None:
 def test_the_rule_registry_is_the_public_list_of_rules() -> None:
     assert set(rules.TEMPLATE_RULES) <= set(rules.__all__)
     assert all(rules.TEMPLATE_RULES[name].__name__ == name for name in rules.TEMPLATE_RULES)
+
+
+def test_a_reference_inside_a_sub_carries_a_replacement() -> None:
+    from eks_pd_serving.lifecycle.changes import compare
+
+    old = json.loads(json.dumps(HAND))
+    new = json.loads(json.dumps(HAND))
+    new["Resources"]["Group"]["Properties"]["GroupDescription"] = "renamed"  # create-only: replaced
+    impact = compare(StackModel(old), StackModel(new))
+    (name,) = [c for c in impact.changes if c.resource == "Name"]
+    assert name.action == "modify" and name.cause == "/Value follows Group (replace)"

@@ -17,7 +17,7 @@ from functools import cache
 from typing import Any
 
 from .effects import Action, ObjectChange, effect, object_changes
-from .graph import StackModel
+from .graph import StackModel, reference_paths
 
 _ACTION_ORDER = {"replace": 0, "modify": 1, "add": 2, "delete": 3}
 # Attributes that change when their resource is updated in place (a launch template's new
@@ -81,24 +81,6 @@ def _leaf_paths(old: Any, new: Any, path: str = "") -> Iterator[str]:
         yield path or "/"
 
 
-def _reference_paths(value: Any, path: str = "") -> Iterator[tuple[str, str, str | None]]:
-    """(property path, logical id, attribute or None for a Ref) for each reference."""
-    if isinstance(value, dict):
-        if set(value) == {"Ref"}:
-            yield path, str(value["Ref"]), None
-            return
-        if set(value) == {"Fn::GetAtt"}:
-            target = value["Fn::GetAtt"]
-            parts = target if isinstance(target, list) else str(target).split(".", 1)
-            yield path, str(parts[0]), str(parts[1])
-            return
-        for key, item in value.items():
-            yield from _reference_paths(item, f"{path}/{key}" if not key.startswith("Fn::") else path)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            yield from _reference_paths(item, f"{path}/{index}")
-
-
 def _replaces(resource_type: str, paths: set[str]) -> list[str]:
     create_only = create_only_paths(resource_type)
     return sorted(p for p in paths if any(p == c or p.startswith(c + "/") for c in create_only))
@@ -119,7 +101,7 @@ def compare(old: StackModel, new: StackModel) -> Impact:
                 actions[rid] = "modify"
         grown = False
         for rid in common:
-            for path, target, attribute in _reference_paths(new.resources[rid].properties):
+            for path, target, attribute in reference_paths(new.resources[rid].properties):
                 action = actions.get(target)
                 if action is None or path in paths[rid]:
                     continue

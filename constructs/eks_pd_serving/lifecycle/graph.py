@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-_SUB_NAME = re.compile(r"\$\{([A-Za-z0-9]+)(?:\.[A-Za-z0-9.]+)?\}")
+_SUB_NAME = re.compile(r"\$\{([A-Za-z0-9:]+)(?:\.([A-Za-z0-9.]+))?\}")
 
 
 @dataclass(frozen=True)
@@ -27,23 +27,33 @@ class Resource:
     deletion_policy: str | None
 
 
-def references(value: Any) -> Iterator[str]:
-    """Every logical id (or pseudo parameter) a property value names: Ref, Fn::GetAtt, Fn::Sub."""
+def reference_paths(value: Any, path: str = "") -> Iterator[tuple[str, str, str | None]]:
+    """(property path, logical id or pseudo parameter, attribute or None) for every reference a
+    property value makes: Ref, Fn::GetAtt, and the names inside Fn::Sub. Paths stop at an intrinsic
+    function's own key (a reference inside an Fn::Join is one of the property holding it)."""
     if isinstance(value, dict):
         for key, item in value.items():
             if key == "Ref" and isinstance(item, str):
-                yield item
+                yield path, item, None
             elif key == "Fn::GetAtt":
-                yield item[0] if isinstance(item, list) else str(item).split(".", 1)[0]
+                parts = item if isinstance(item, list) else str(item).split(".", 1)
+                yield path, str(parts[0]), str(parts[1]) if len(parts) > 1 else None
             elif key == "Fn::Sub":
                 text, variables = (item, {}) if isinstance(item, str) else (item[0], item[1])
-                yield from (name for name in _SUB_NAME.findall(text) if name not in variables)
-                yield from references(variables)
+                for match in _SUB_NAME.finditer(text):
+                    if match.group(1) not in variables:
+                        yield path, match.group(1), match.group(2)
+                yield from reference_paths(variables, path)
             else:
-                yield from references(item)
+                yield from reference_paths(item, path if key.startswith("Fn::") else f"{path}/{key}")
     elif isinstance(value, list):
-        for item in value:
-            yield from references(item)
+        for index, item in enumerate(value):
+            yield from reference_paths(item, f"{path}/{index}")
+
+
+def references(value: Any) -> Iterator[str]:
+    """Every logical id (or pseudo parameter) a property value names."""
+    return (target for _, target, _ in reference_paths(value))
 
 
 def placeholders(value: Any) -> Any:
