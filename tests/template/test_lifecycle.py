@@ -254,3 +254,44 @@ def test_a_reference_inside_a_sub_carries_a_replacement() -> None:
     impact = compare(StackModel(old), StackModel(new))
     (name,) = [c for c in impact.changes if c.resource == "Name"]
     assert name.action == "modify" and name.cause == "/Value follows Group (replace)"
+
+
+# --- the rules no defect exercised, shown failing on a template with the edge removed -------------
+def _without_edges(model: StackModel, drop: set[str], of: set[str] | None = None) -> StackModel:
+    """A copy of the template with every DependsOn on ``drop`` removed (from ``of`` only, if given)."""
+    broken = json.loads(json.dumps(model.template))
+    for rid, body in broken["Resources"].items():
+        if (of is None or rid in of) and "DependsOn" in body:
+            body["DependsOn"] = [d for d in body["DependsOn"] if d not in drop]
+    return StackModel(broken)
+
+
+def test_the_egress_rule_fails_when_the_handlers_no_longer_wait_for_their_routes(
+    variants: dict[str, StackModel],
+) -> None:
+    model = variants["default"]
+    routes = set(_ids(model, "AWS::EC2::Route", DestinationCidrBlock="0.0.0.0/0"))
+    found = rules.kubectl_resources_outlive_egress(_without_edges(model, routes))
+    assert found and all(f.missing.startswith("no dependency on PdServingNetworkPrivateSubnet") for f in found)
+
+
+def test_the_credentials_rule_fails_when_the_controller_no_longer_waits_for_its_association(
+    variants: dict[str, StackModel],
+) -> None:
+    model = variants["internal"]
+    (controller,) = _ids(model, "Custom::AWSCDK-EKS-HelmChart", Release="aws-load-balancer-controller")
+    (association,) = [r.id for r in model.of_type("AWS::EKS::PodIdentityAssociation")]
+    (finding,) = rules.aws_controllers_outlive_credentials_and_nodes(
+        _without_edges(model, {association}, of={controller})
+    )
+    assert (finding.resource, finding.missing.split(" (")[0]) == (controller, f"no dependency on {association}")
+
+
+def test_the_finalizer_rule_fails_when_the_service_no_longer_waits_for_the_controller(
+    variants: dict[str, StackModel],
+) -> None:
+    model = variants["internal"]
+    (controller,) = _ids(model, "Custom::AWSCDK-EKS-HelmChart", Release="aws-load-balancer-controller")
+    (endpoint,) = [r for r in _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") if "InternalEndpoint" in r]
+    (finding,) = rules.finalized_objects_outlive_no_controller(_without_edges(model, {controller}, of={endpoint}))
+    assert finding.resource == endpoint and finding.missing.startswith(f"no dependency on {controller}")
