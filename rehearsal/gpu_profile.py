@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS
+from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS
 from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
 SIDES = ("prefill_config", "decode_config")
@@ -60,12 +60,11 @@ def detect_host() -> GpuHost:
 
 
 def catalog_gpu_bytes(gpu: str) -> int:
-    """One GPU's memory as EC2 reports it, for a GPU name in the catalog (``L4``, ``L40S``)."""
-    for facts in INSTANCE_TYPES.values():
-        if facts.gpus and facts.gpu_name.lower() == gpu.lower():
-            return int(facts.gpu_memory_mib * MIB)
-    known = sorted({f.gpu_name for f in INSTANCE_TYPES.values() if f.gpus})
-    raise ValueError(f"--emulate-gpu {gpu!r}: not in the catalog; use one of {', '.join(known)}")
+    """One GPU's memory as EC2 reports it, for a GPU name in the catalog (``L4``, ``H200``, ...)."""
+    for name, facts in GPUS.items():
+        if name.lower() == gpu.lower():
+            return int(facts.memory_mib * MIB)
+    raise ValueError(f"--emulate-gpu {gpu!r}: not in the catalog; use one of {', '.join(sorted(GPUS))}")
 
 
 def emulated_utilization(gpu: str, deployed_utilization: float, host: GpuHost) -> float:

@@ -1,8 +1,12 @@
-"""GPU managed node group with one EFA interface per node, in one AZ and a cluster placement group.
+"""GPU managed node group with every EFA interface of its instance type, in one AZ and a cluster
+placement group.
 
-No CDK construct covers EFA node groups, so the launch template is written out: the EFA
-interface carries the security groups (EKS then adds none of its own, so the cluster security
-group is listed explicitly), and the launch template names no subnet (the node group does).
+No CDK construct covers EFA node groups, so the launch template is written out: one interface per
+entry of the type's layout (``InstanceFacts.network_interfaces``: a single ``efa`` interface, or on
+multi-card types the primary ENA interface plus an ``efa-only`` interface per network card, as
+AWS's EFA guide lays them out), each carrying the security groups (EKS then adds none of its own,
+so the cluster security group is listed explicitly); the launch template names no subnet (the
+node group does) and asks for no public IP (EC2 refuses one with several interfaces).
 """
 
 from __future__ import annotations
@@ -53,18 +57,20 @@ class EfaGpuNodeGroup(Construct):
         self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
 
         L = ec2.CfnLaunchTemplate
+        groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
         self.launch_template = L(
             self,
             "LaunchTemplate",
             launch_template_data=L.LaunchTemplateDataProperty(
                 network_interfaces=[
                     L.NetworkInterfaceProperty(
-                        device_index=0,
-                        network_card_index=0,
-                        interface_type="efa",
-                        groups=[self.security_group.security_group_id, cluster.cluster_security_group_id],
+                        device_index=interface.device,
+                        network_card_index=interface.network_card,
+                        interface_type=interface.interface_type,
+                        groups=groups,
                         delete_on_termination=True,
                     )
+                    for interface in group.instance.network_interfaces
                 ],
                 metadata_options=launch_template.imds_v2(),
                 block_device_mappings=[launch_template.root_volume(root_volume_gib)],
@@ -74,7 +80,10 @@ class EfaGpuNodeGroup(Construct):
         self.group = group
         self.nodegroup = cluster.add_nodegroup_capacity(
             group.nodegroup_id,
-            instance_types=[ec2.InstanceType(group.instance_type)],
+            # aws-cdk-lib 2.275 checks the AMI type against its own list of GPU families, which
+            # stops at g6e and p4de (it calls p5 x86_64 and refuses the NVIDIA AMI): no types here,
+            # the one type set on the resource below, where EKS itself checks it.
+            instance_types=[],
             ami_type=eks.NodegroupAmiType.AL2023_X86_64_NVIDIA,
             launch_template_spec=launch_template.latest(self.launch_template),
             # Autoscaled: the deploy starts the minimum; the Cluster Autoscaler moves the desired
@@ -86,4 +95,7 @@ class EfaGpuNodeGroup(Construct):
             tags=group.node_template_tags or None,
             subnets=ec2.SubnetSelection(subnets=[subnet]),
         )
+        cfn_nodegroup = self.nodegroup.node.default_child
+        assert isinstance(cfn_nodegroup, eks.CfnNodegroup)
+        cfn_nodegroup.add_property_override("InstanceTypes", [group.instance_type])
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)

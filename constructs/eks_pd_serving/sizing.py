@@ -1,7 +1,7 @@
 """Will the model and its KV cache fit, and how many sequences of max_model_len can run at once?
 
 Models what vLLM 0.26.0 allocates on each GPU, so that the synth gate refuses what vLLM would
-refuse. Every figure is a product of model facts (catalog.py), the dtype, the tensor-parallel
+refuse. Every figure is a product of model facts (catalog/), the dtype, the tensor-parallel
 size and the GPU's memory, so a reviewer can redo it by hand (tests/unit/test_sizing.py does), and
 tests/unit/test_sizing.py checks it against vLLM's own profiler log (../shared/gpu/kv-capacity-*.txt).
 
@@ -245,6 +245,8 @@ def size(
     tp = tensor_parallel_size
     gpu_bytes = instance.gpu_memory_mib * MIB if gpu_bytes is None else gpu_bytes
     params = model.params + (model.vision_params if multimodal else 0)
+    # An FP8 checkpoint is stored as online FP8 would store it: the same bytes and engine peaks.
+    quantization = "fp8" if model.checkpoint_quantization == "fp8" else quantization
     if quantization == "fp8":
         weight_bytes = int(model.linear_params + (params - model.linear_params) * dtype_bytes) // tp
     else:

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, field_validator
 
 from .. import versions
-from ..catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, InstanceFacts
+from ..catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, InstanceFacts, efa_plugin_instance_types
 
 EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -177,6 +177,11 @@ class FieldRules(BaseModel):
             raise ValueError("this instance type has no GPU")
         if not facts.efa_supported:
             raise ValueError("this instance type does not support EFA, which carries the KV cache")
+        if value not in efa_plugin_instance_types():
+            raise ValueError(
+                f"the EFA device plugin (chart {versions.EFA_DEVICE_PLUGIN_VERSION}) does not run on this type "
+                "(its supportedInstanceLabels), so no EFA would be advertised and the Ray workers would stay Pending"
+            )
         return value
 
     @field_validator("namespace", check_fields=False)
@@ -226,5 +231,5 @@ def known_instance(value: str) -> InstanceFacts:
     if value not in INSTANCE_TYPES:
         close = difflib.get_close_matches(value, INSTANCE_TYPES, n=1)
         near = f" (did you mean {close[0]}?)" if close else ""
-        raise ValueError(f"not in the instance catalog{near}; add it to catalog.py with its EC2 facts")
+        raise ValueError(f"not in the instance catalog{near}; add it to catalog/instances.py with its EC2 facts")
     return INSTANCE_TYPES[value]

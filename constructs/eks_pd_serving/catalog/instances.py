@@ -1,0 +1,146 @@
+"""Instance types synth knows, with the facts EC2 ``DescribeInstanceTypes`` reports for them.
+
+Figures: vCPUs (``VCpuInfo.DefaultVCpus``), memory (``MemoryInfo.SizeInMiB``, in GiB), GPUs and one
+GPU's memory in MiB as EC2 reports it (``GpuInfo.Gpus[0].MemoryInfo.SizeInMiB``, not the marketed
+size), EFA interfaces (``EfaInfo.MaximumEfaInterfaces``) and network bandwidth. Source: the
+Karpenter provider's generated tables of these API fields (aws/karpenter-provider-aws commit
+1d927085dd81, website/content/en/docs/reference/instance-types.md, generated 2026-07-11;
+pkg/providers/instancetype/zz_generated.vpclimits.go for network cards; zz_generated.bandwidth.go
+for bandwidth), checked against its raw DescribeInstanceTypes fixture for p5.48xlarge and
+g5.12xlarge. `preflight` compares every GPU type used with the live API. A type missing here is
+refused with the list of known ones; adding a row is the fix.
+
+EFA layout. An instance with one EFA interface gets one interface of type ``efa`` (EFA with ENA) on
+network card 0, as the reference deployment does. One with several network cards gets AWS's
+layout for them (EC2 user guide, "Maximize network bandwidth on Amazon EC2 instances with
+multiple network cards", efa-acc-inst-types, use case "saves IPs" for p5/p5e): the primary ENA
+interface on card 0 device 0, an ``efa-only`` interface on card 0 device 1, and an ``efa-only``
+interface on device 0 of every further card; EFA-only interfaces take no IP address, so the pod
+network (the VPC CNI, on the ENA interface) is unchanged.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import yaml
+
+from .. import versions
+
+
+@dataclass(frozen=True)
+class GpuFacts:
+    memory_mib: int  # one GPU, as EC2 reports it
+    memory_bandwidth_gbps: float  # GB/s, the decode step-time floor of `sizing`'s what-if table
+
+
+# Memory bandwidth, GB/s, as published for these parts (no AWS API reports it): L4 300, H100 SXM
+# 3,350 and H200 SXM 4,800 from Google Cloud's GPU table (docs.cloud.google.com/compute/docs/gpus),
+# L40S 864 (Scaleway's GPU instance guide), A100 40 GB 1,550 (NVIDIA's Ampere tuning guide, 1.4.2.1),
+# A10G 600 (a third-party comparison; AWS's A10G datasheet says the same, unread here).
+GPUS: Final[dict[str, GpuFacts]] = {
+    "L4": GpuFacts(22888, 300.0),
+    "L40S": GpuFacts(45776, 864.0),
+    "A10G": GpuFacts(22888, 600.0),
+    "A100": GpuFacts(40960, 1550.0),
+    "H100": GpuFacts(81920, 3350.0),
+    "H200": GpuFacts(144384, 4800.0),
+}
+GPU_MEMORY_BANDWIDTH_GBPS: Final = {name: gpu.memory_bandwidth_gbps for name, gpu in GPUS.items()}
+
+
+@dataclass(frozen=True)
+class EfaInterface:
+    network_card: int
+    device: int
+    interface_type: str  # "efa" (EFA with ENA), "efa-only", or "interface" (ENA)
+
+
+@dataclass(frozen=True)
+class InstanceFacts:
+    vcpus: int
+    memory_gib: int
+    gpus: int = 0
+    gpu_name: str = ""
+    efa_interfaces: int = 0
+    network_gbps: float = 0.0
+
+    @property
+    def gpu_memory_mib(self) -> int:
+        return GPUS[self.gpu_name].memory_mib if self.gpus else 0
+
+    @property
+    def efa_supported(self) -> bool:
+        return self.efa_interfaces > 0
+
+    @property
+    def network_interfaces(self) -> tuple[EfaInterface, ...]:
+        """The launch template's interfaces: one ``efa`` interface where the type has one EFA;
+        else the primary ENA interface and an ``efa-only`` interface per network card (at most one
+        EFA device per card)."""
+        if self.efa_interfaces <= 1:
+            return (EfaInterface(0, 0, "efa"),)
+        further = tuple(EfaInterface(card, 0, "efa-only") for card in range(1, self.efa_interfaces))
+        return (EfaInterface(0, 0, "interface"), EfaInterface(0, 1, "efa-only"), *further)
+
+
+def _gpu(name: str, vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float) -> InstanceFacts:
+    return InstanceFacts(vcpus, memory_gib, gpus, name, efa, gbps)
+
+
+INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
+    # General purpose, for the system node group (KubeRay operator, Ray head).
+    "m7i.large": InstanceFacts(2, 8),
+    "m7i.xlarge": InstanceFacts(4, 16),
+    "m7i.2xlarge": InstanceFacts(8, 32),
+    "m7i.4xlarge": InstanceFacts(16, 64),
+    "m6i.xlarge": InstanceFacts(4, 16),
+    "m6i.2xlarge": InstanceFacts(8, 32),
+    "m5.xlarge": InstanceFacts(4, 16),
+    "m5.2xlarge": InstanceFacts(8, 32),
+    # NVIDIA L4.
+    "g6.xlarge": _gpu("L4", 4, 16, 1, 0, 10),
+    "g6.2xlarge": _gpu("L4", 8, 32, 1, 0, 10),
+    "g6.4xlarge": _gpu("L4", 16, 64, 1, 0, 25),
+    "g6.8xlarge": _gpu("L4", 32, 128, 1, 1, 25),
+    "g6.12xlarge": _gpu("L4", 48, 192, 4, 1, 40),
+    "g6.16xlarge": _gpu("L4", 64, 256, 1, 1, 25),
+    "g6.24xlarge": _gpu("L4", 96, 384, 4, 1, 50),
+    "g6.48xlarge": _gpu("L4", 192, 768, 8, 1, 100),
+    # NVIDIA L40S.
+    "g6e.xlarge": _gpu("L40S", 4, 32, 1, 0, 20),
+    "g6e.8xlarge": _gpu("L40S", 32, 256, 1, 1, 25),
+    "g6e.12xlarge": _gpu("L40S", 48, 384, 4, 1, 100),
+    "g6e.24xlarge": _gpu("L40S", 96, 768, 4, 2, 200),
+    "g6e.48xlarge": _gpu("L40S", 192, 1536, 8, 4, 400),
+    # NVIDIA A10G (the EFA sizes).
+    "g5.8xlarge": _gpu("A10G", 32, 128, 1, 1, 25),
+    "g5.12xlarge": _gpu("A10G", 48, 192, 4, 1, 40),
+    "g5.16xlarge": _gpu("A10G", 64, 256, 1, 1, 25),
+    "g5.24xlarge": _gpu("A10G", 96, 384, 4, 1, 50),
+    "g5.48xlarge": _gpu("A10G", 192, 768, 8, 1, 100),
+    # NVIDIA A100 40 GB: 4 network cards, an EFA on each.
+    "p4d.24xlarge": _gpu("A100", 96, 1152, 8, 4, 400),
+    # NVIDIA H100 / H200: 32 network cards on p5 and p5e, 16 on p5en; an EFA on each.
+    "p5.48xlarge": _gpu("H100", 192, 2048, 8, 32, 3200),
+    "p5e.48xlarge": _gpu("H200", 192, 2048, 8, 32, 3200),
+    "p5en.48xlarge": _gpu("H200", 192, 2048, 8, 16, 3200),
+}
+
+# The EFA device plugin's DaemonSet runs only on the instance types its chart lists
+# (supportedInstanceLabels): on any other type EFA is never advertised and the Ray workers, which
+# request it, stay Pending. The chart's own values.yaml, vendored at the pinned chart version
+# (aws/eks-charts commit bfe91c4b9257, stable/aws-efa-k8s-device-plugin, chart v0.5.30); the file
+# name follows the pin, so a bump without the new values fails at import.
+EFA_PLUGIN_VALUES: Final = (
+    Path(__file__).parent / "upstream" / f"aws-efa-k8s-device-plugin-{versions.EFA_DEVICE_PLUGIN_VERSION}-values.yaml"
+)
+
+
+@functools.cache
+def efa_plugin_instance_types() -> frozenset[str]:
+    values = yaml.safe_load(EFA_PLUGIN_VALUES.read_text())
+    return frozenset(values["supportedInstanceLabels"]["values"])
