@@ -9,9 +9,10 @@ rehearse: the CPU rehearsal's harness (rehearsal/harness.py) with the GPU profil
 device exists), Qwen3.5's own model class. Prefill and decode on different GPUs (sharing one GPU
 when there is one). Then the same prompts on one colocated engine with no connector.
 
-emulate: the deployed engine settings, the 9B shape with dummy weights, the memory budget of the
-named GPU; prints vLLM's profiler figures beside the sizing gate's, per variant (text only as
-deployed, and multimodal), one GPU each.
+emulate: the deployed engine settings, the deployed model's shape with dummy weights (a catalogue
+model's own config.json, else the Qwen3.5-9B shape), the memory budget of the named GPU; prints
+vLLM's profiler figures beside the sizing gate's, per variant (text only as deployed, and
+multimodal), one GPU each.
 
 bench: the 9B shape with dummy weights: PD (prefill GPU + decode GPU) against the same GPUs
 serving colocated (two replicas, no connector), under rehearsal/bench.py's workload.
@@ -30,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eks_pd_serving.catalog import CATALOG
 from eks_pd_serving.sizing import GIB
 
-from . import bench, gpu_profile, harness, profile, qwen35_checkpoint
+from . import bench, catalog_checkpoint, gpu_profile, harness, profile, qwen35_checkpoint
 from .harness import log
 
 # The engines' Triton kernels compile on first use; the first start of a 9B engine took ~140 s.
@@ -50,10 +52,13 @@ ENGINE_CHOICES: dict[str, dict[str, Any]] = {
 WARM_UP = bench.Workload(window_s=3, streams=2, long_prompts=1, first_long_at_s=0.5)
 
 
-def _model(args: argparse.Namespace, work: Path) -> tuple[Path, bool]:
-    """(model directory, dummy weights?)"""
+def _model(args: argparse.Namespace, work: Path, model_source: str = "") -> tuple[Path, bool]:
+    """(model directory, dummy weights?): the given weights, else a catalogue model's shape from its
+    config.json, else a Qwen3.5 shape."""
     if args.weights:
         return args.weights.resolve(), False
+    if model_source in CATALOG:
+        return catalog_checkpoint.build((work / model_source.replace("/", "--")).resolve(), model_source), True
     directory = qwen35_checkpoint.build((work / f"qwen3.5-{args.model_shape}").resolve(), args.model_shape)
     return directory, args.model_shape == "full"
 
@@ -88,7 +93,7 @@ def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     prefill = app["args"]["prefill_config"]
     model_source = prefill["model_loading_config"]["model_source"]
     deployed_engine = prefill["engine_kwargs"]
-    model_dir, dummy = _model(args, args.work_dir)
+    model_dir, dummy = _model(args, args.work_dir, model_source)
     utilization = gpu_profile.emulated_utilization(args.emulate_gpu, deployed_engine["gpu_memory_utilization"], host)
     log(f"== {args.emulate_gpu} budget on {host.name}: gpu_memory_utilization {utilization:.6f} of "
         f"{host.total_bytes / GIB:.2f} GiB (torch's total)")  # fmt: skip
@@ -190,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=Path(".rehearsal/gpu"))
     parser.add_argument("--model-shape", choices=qwen35_checkpoint.SHAPES)
     parser.add_argument("--weights", type=Path, help="a real checkpoint directory instead of a built one")
-    parser.add_argument("--emulate-gpu", default="L4", help="emulate: a GPU in the catalog (L4, L40S)")
+    parser.add_argument("--emulate-gpu", default="L4", help="emulate: a GPU of the catalog (L4, L40S, H200, ...)")
     parser.add_argument("--report", type=Path)
     parser.add_argument("--out", type=Path, help="bench: where the runs' JSON goes")
     parser.add_argument("--layouts", nargs="+", default=["pd", "colocated"], choices=("pd", "colocated"))

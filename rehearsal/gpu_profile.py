@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS
+from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS, ModelFacts
 from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
 SIDES = ("prefill_config", "decode_config")
@@ -136,7 +136,7 @@ def gpu_env(worker_env: dict[str, str], host: GpuHost) -> dict[str, str]:
 
 # vLLM 0.26.0's profiler lines (v1/worker/gpu_worker.py, v1/core/kv_cache_utils.py).
 _FIGURES = {
-    "weights_gib": r"Model loading took ([\d.]+) GiB memory",
+    "weights_gib": r"Model loading took ([\d.]+) GiB",  # "GiB memory" (model runner v1) or "GiB and" (v2)
     "activation_peak_gib": r"Actual usage is [\d.]+ GiB for weight, ([\d.]+) GiB for peak activation",
     "non_torch_gib": r"GiB for peak activation, ([\d.]+) GiB for non-torch memory",
     "kv_gib": r"Available KV cache memory: ([\d.]+) GiB",
@@ -167,11 +167,12 @@ def decode_figures(log: str) -> dict[str, dict[str, float]]:
     }
 
 
-def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str) -> Sizing:
-    """The synth gate's figures for these engine settings on ``gpu``."""
+def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str, model: ModelFacts | None = None) -> Sizing:
+    """The synth gate's figures for these engine settings on ``gpu`` (for ``model_source``'s
+    catalogue facts, or ``model``'s)."""
     instance = next(f for f in INSTANCE_TYPES.values() if f.gpus and f.gpu_name.lower() == gpu.lower())
     return size(
-        MODELS[model_source],
+        model or MODELS[model_source],
         instance,
         dtype=engine_kwargs.get("dtype", "auto"),
         tensor_parallel_size=int(engine_kwargs.get("tensor_parallel_size", 1)),

@@ -51,6 +51,19 @@ FEATURE_FLAGS = {k: v for k, v in json.loads((ROOT / "cdk.json").read_text())["c
 CFN_LINT = str(Path(sys.executable).parent / "cfn-lint")
 
 
+# Multi-card EFA: Llama-3.1-70B at TP 8 per phase, prefill on a p5.48xlarge, decode on a p5en.48xlarge.
+P5_CLASS: dict[str, Any] = {
+    "gpu_layout": "per_phase",
+    "prefill_gpu_instance_type": "p5.48xlarge",
+    "decode_gpu_instance_type": "p5en.48xlarge",
+    "model_source": "meta-llama/Llama-3.1-70B-Instruct",
+    "model_id": "llama-70b",
+    "max_model_len": 32768,
+    "prefill_tensor_parallel_size": 8,
+    "decode_tensor_parallel_size": 8,
+}
+
+
 def cfn_lint(*templates: Path) -> list[dict[str, Any]]:
     """cfn-lint's findings for one or many templates in one run (its start-up dominates)."""
     out = subprocess.run(

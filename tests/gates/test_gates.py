@@ -13,7 +13,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_iam as iam
 from cdk_nag import AwsSolutionsChecks
-from support import ROOT, broken_template, cfn_lint, new_app, synth_assembly
+from support import P5_CLASS, ROOT, broken_template, cfn_lint, new_app, synth_assembly
 
 from eks_pd_serving.config import DeploymentConfig
 from stacks.pd_serving_stack import PdServingStack
@@ -40,11 +40,20 @@ def options_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
 
 
-@pytest.fixture(params=["default", "internal+autoscaling+alarm_email"])
+@pytest.fixture(scope="module")
+def p5_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Multi-card EFA launch templates: prefill on p5.48xlarge (32 EFA), decode on p5en.48xlarge
+    (16), autoscaled (the node-template tags advertise them)."""
+    return synth_assembly(tmp_path_factory.mktemp("cdk.out"), **P5_CLASS, autoscaling=True)
+
+
+@pytest.fixture(params=["default", "internal+autoscaling+alarm_email", "p5-class"])
 def gated(request: pytest.FixtureRequest, template_file: Path) -> Path:
-    """Each gate's clean run covers the default and every option at once."""
+    """Each gate's clean run covers the default, every option at once, and the multi-EFA types."""
     if request.param == "default":
         return template_file
+    if request.param == "p5-class":
+        return Path(request.getfixturevalue("p5_template_file"))
     return Path(request.getfixturevalue("options_template_file"))
 
 

@@ -149,6 +149,25 @@ REJECTED: list[tuple[str, dict[str, Any], str]] = [
         r"prefill_tensor_parallel_size=2 and decode_tensor_parallel_size=1 differ.*hybrid",
     ),
     (
+        "replicated prefill KV into fewer decode ranks",
+        {
+            "gpu_layout": "per_phase",
+            "prefill_gpu_instance_type": "p5.48xlarge",
+            "decode_gpu_instance_type": "p5.48xlarge",
+            "model_source": "Qwen/Qwen3-30B-A3B",
+            "max_model_len": 32768,
+            "prefill_tensor_parallel_size": 8,
+            "decode_tensor_parallel_size": 4,
+        },
+        r"prefill_tensor_parallel_size=8 exceeds decode_tensor_parallel_size=4 and the 4 KV heads of "
+        r"Qwen/Qwen3-30B-A3B.*Fix: set decode_tensor_parallel_size to 8, or prefill_tensor_parallel_size to at most 4",
+    ),
+    (
+        "sliding-window model config",
+        {"model_source": "my-org/swa", "model_config_json": "tests/fixtures/models/sliding-window-config.json"},
+        r"model_config_json=.*sliding-window attention\) are not sized yet",
+    ),
+    (
         "model max length",
         {"max_model_len": 300000},
         r"max_model_len=300000 exceeds Qwen/Qwen3.5-9B's own maximum",
@@ -189,6 +208,34 @@ def test_a_model_config_json_sizes_the_model_and_caps_max_model_len(tmp_path: Pa
     (tmp_path / "bad.json").write_text('{"hidden_size": 4096}')
     with pytest.raises(ConfigError, match=r"is not a model config.json sizing can read \(KeyError"):
         DeploymentConfig.create(model_source="my-org/dense", model_config_json=str(tmp_path / "bad.json"))
+
+
+@pytest.mark.parametrize(
+    ("model", "prefill_tp", "decode_tp"),
+    [("meta-llama/Llama-3.1-70B-Instruct", 4, 8), ("meta-llama/Llama-3.1-70B-Instruct", 8, 4),
+     ("Qwen/Qwen3-30B-A3B", 4, 8), ("Qwen/Qwen3-30B-A3B", 4, 2)],
+)  # fmt: skip
+def test_dense_and_moe_models_may_differ_in_tensor_parallel_size(model: str, prefill_tp: int, decode_tp: int) -> None:
+    """The matrix allows heterogeneous TP for dense and MoE models; prefill TP above decode's only
+    while prefill does not replicate KV heads (Llama-70B has 8, Qwen3-30B-A3B 4)."""
+    config = DeploymentConfig.create(
+        gpu_layout="per_phase", prefill_gpu_instance_type="p5.48xlarge", decode_gpu_instance_type="p5.48xlarge",
+        model_source=model, max_model_len=32768, prefill_tensor_parallel_size=prefill_tp,
+        decode_tensor_parallel_size=decode_tp,
+    )  # fmt: skip
+    assert (config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size) == (prefill_tp, decode_tp)
+
+
+def test_a_gpu_type_the_efa_plugin_does_not_run_on_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every GPU type of the catalogue with EFA is in the pinned plugin chart's list; one that is not
+    would never get EFA advertised, so its workers would stay Pending."""
+    from eks_pd_serving.catalog import INSTANCE_TYPES, efa_plugin_instance_types
+    from eks_pd_serving.config import fields
+
+    assert {n for n, f in INSTANCE_TYPES.items() if f.efa_supported} <= efa_plugin_instance_types()
+    monkeypatch.setattr(fields, "efa_plugin_instance_types", lambda: frozenset({"g6e.8xlarge"}))
+    with pytest.raises(ConfigError, match=r"gpu_instance_type='g6.8xlarge': the EFA device plugin \(chart v0.5.30\)"):
+        DeploymentConfig.create(gpu_instance_type="g6.8xlarge")
 
 
 def test_other_models_skip_the_hybrid_rule() -> None:

@@ -98,6 +98,11 @@ class DeploymentConfig(Settings, FieldRules):
                     f"{phase}_min_replicas=0: after a quiet period the first request waits for a GPU node, the "
                     "image pull and the model load (minutes); clients with shorter timeouts fail."
                 )
+        if self.multimodal:
+            found.append(
+                "multimodal=true: vLLM 0.26's NIXL compatibility matrix lists multimodal models under PD as "
+                "not yet verified upstream. Rehearse it (make rehearse-gpu) before serving."
+            )
         if self.kv_backend == "UCX":
             found.append(
                 "kv_backend=UCX: NIXL moves the KV cache at TCP speed even on EFA. "

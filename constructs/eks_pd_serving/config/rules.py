@@ -232,13 +232,6 @@ def _check_model(config: Settings) -> None:
             "cluster half an hour into the deploy. Fix: set model_config_json to the model's config.json from "
             "its Hugging Face repository"
         )
-    if facts.hybrid and config.prefill_tensor_parallel_size != config.decode_tensor_parallel_size:
-        raise ValueError(
-            f"prefill_tensor_parallel_size={config.prefill_tensor_parallel_size} and "
-            f"decode_tensor_parallel_size={config.decode_tensor_parallel_size} differ, but "
-            f"{config.model_source} is a hybrid model and NIXL needs the same size on both. "
-            "Fix: set them equal"
-        )
     if config.max_model_len > facts.max_model_len:
         raise ValueError(
             f"max_model_len={config.max_model_len} exceeds {config.model_source}'s own maximum "
@@ -266,6 +259,32 @@ def _check_model(config: Settings) -> None:
             )
 
 
+def _check_pd_compatibility(config: Settings) -> None:
+    """vLLM 0.26's NIXL compatibility matrix (docs/features/nixl_connector_compatibility.md) and the
+    connector's handshake checks (distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py,
+    ``_validate_remote_agent_handshake``), per architecture class. Tensor-parallel sizes of 1, 2, 4
+    and 8 always divide each other, which the handshake also asserts; the model, dtype and KV-cache
+    dtype are one setting for both phases, so the compatibility hash cannot differ."""
+    facts = derived.model_facts(config)
+    if facts is None:
+        return
+    prefill_tp, decode_tp = config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size
+    if facts.hybrid and prefill_tp != decode_tp:
+        raise ValueError(
+            f"prefill_tensor_parallel_size={prefill_tp} and decode_tensor_parallel_size={decode_tp} differ, but "
+            f"{config.model_source} is a hybrid (Gated DeltaNet) model and vLLM's NIXL connector supports only "
+            "the same size on both for its Mamba layers. Fix: set them equal"
+        )
+    if prefill_tp > decode_tp and prefill_tp > facts.num_kv_heads:
+        raise ValueError(
+            f"prefill_tensor_parallel_size={prefill_tp} exceeds decode_tensor_parallel_size={decode_tp} and the "
+            f"{facts.num_kv_heads} KV heads of {config.model_source}: prefill's ranks then hold replicated KV heads, "
+            "which vLLM's NIXL connector cannot read into fewer decode ranks (its handshake asserts). Fix: set "
+            f"decode_tensor_parallel_size to {prefill_tp}, or prefill_tensor_parallel_size to at most "
+            f"{max(facts.num_kv_heads, decode_tp)}"
+        )
+
+
 RULES: tuple[Callable[[Settings], None], ...] = (
     _check_azs,
     _check_nat_gateways,
@@ -275,6 +294,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_upgrade_strategy,
     _check_gpus,
     _check_model,
+    _check_pd_compatibility,
 )
 
 
