@@ -1,5 +1,5 @@
 """Deploy-time GPU capacity check: a custom resource that the EKS cluster depends on, so a GPU
-AZ without the instance type, a type without EFA, or a short G/VT quota fails the deploy in a
+AZ without the instance type, a type without EFA, or a short G/VT or P quota fails the deploy in a
 minute or two instead of rolling back a half-built cluster half an hour later."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from ._private import checkov, nag
-from .capacity.checks import G_VT_QUOTA_CODE, G_VT_QUOTA_SERVICE, GroupNeed
+from .capacity.checks import QUOTA_FAMILIES, QUOTA_SERVICE, GroupNeed, quota_family
 from .log_groups import LogGroups
 
 CODE_DIR = Path(__file__).parent / "capacity"
@@ -26,7 +26,7 @@ class GpuCapacityCheck(Construct):
     """Runs ``capacity.checks.check_capacity`` in a Lambda (outside the VPC: it only calls EC2
     and Service Quotas) on create and on every change of its inputs.
 
-    :param cluster_name: the EKS cluster; its own nodes are not counted as other G/VT usage.
+    :param cluster_name: the EKS cluster; its own nodes are not counted as other usage of a quota.
     :param gpu_availability_zone: the AZ of the GPU subnet (a token is fine).
     :param groups: each GPU node group's name, instance type and node count.
     :param log_groups: where the Lambdas log.
@@ -62,10 +62,11 @@ class GpuCapacityCheck(Construct):
         self.function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["servicequotas:GetServiceQuota"],
+                # The quotas of the groups' instance families only (G/VT, P).
                 resources=[
-                    Stack.of(self).format_arn(
-                        service="servicequotas", resource=G_VT_QUOTA_SERVICE, resource_name=G_VT_QUOTA_CODE
-                    )
+                    Stack.of(self).format_arn(service="servicequotas", resource=QUOTA_SERVICE, resource_name=f.code)
+                    for f in QUOTA_FAMILIES
+                    if any(quota_family(g.instance_type) == f for g in groups)
                 ],
             )
         )

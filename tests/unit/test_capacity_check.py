@@ -29,16 +29,20 @@ def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield boto3.client("ec2", region_name=REGION)
 
 
-def quotas(value: float, applied: bool = True) -> Any:
+def quotas(value: float, applied: bool = True, p_value: float | None = None) -> Any:
+    """The G/VT quota at ``value`` and, asked next when ``p_value`` is given, the P quota."""
     client = boto3.client("service-quotas", region_name=REGION)
     stub = Stubber(client)
-    params = {"ServiceCode": "ec2", "QuotaCode": "L-DB2E81BA"}
-    answer = {"Quota": {**params, "Value": value}}
-    if applied:
-        stub.add_response("get_service_quota", answer, params)
-    else:
-        stub.add_client_error("get_service_quota", "NoSuchResourceException", expected_params=params)
-        stub.add_response("get_aws_default_service_quota", answer, params)
+    for code, quota in (("L-DB2E81BA", value), ("L-417A185B", p_value)):
+        if quota is None:
+            continue
+        params = {"ServiceCode": "ec2", "QuotaCode": code}
+        answer = {"Quota": {**params, "Value": quota}}
+        if applied:
+            stub.add_response("get_service_quota", answer, params)
+        else:
+            stub.add_client_error("get_service_quota", "NoSuchResourceException", expected_params=params)
+            stub.add_response("get_aws_default_service_quota", answer, params)
     stub.activate()
     return client
 
@@ -95,6 +99,20 @@ def test_sums_every_group_of_the_per_phase_layout(ec2: Any) -> None:
     props = properties(prefill=("g6.8xlarge", 2), decode=("g6e.8xlarge", 1))
     with pytest.raises(handler.CapacityCheckFailed, match=r"64 free \(64 quota - 0 running\), 96 needed"):
         handler.run_checks(props, ec2, quotas(64))
+
+
+def test_p_instances_count_against_their_own_quota(ec2: Any) -> None:
+    """p5 counts against "Running On-Demand P instances" (L-417A185B), not G/VT: each family's
+    groups are held to their own quota, and a running P instance elsewhere is subtracted from it."""
+    launch(ec2, "p4d.24xlarge", 1)  # another workload: 96 P vCPUs
+    props = properties(prefill=("p5.48xlarge", 1), decode=("g6e.8xlarge", 1))
+    data = handler.run_checks(props, ec2, quotas(32, p_value=288))
+    assert "G/VT vCPU quota: 32 free (32 quota - 0 running), 32 needed (1 x 32 vCPUs)" in data["Checks"]
+    assert "P vCPU quota: 192 free (288 quota - 96 running), 192 needed (1 x 192 vCPUs)" in data["Checks"]
+    with pytest.raises(handler.CapacityCheckFailed) as failed:
+        handler.run_checks(props, ec2, quotas(32, p_value=192))
+    assert "P vCPU quota: 96 free (192 quota - 96 running), 192 needed" in str(failed.value)
+    assert "Fix: request a P quota of at least 288 vCPUs (L-417A185B in Service Quotas)" in str(failed.value)
 
 
 def test_falls_back_to_the_default_quota_when_none_was_applied(ec2: Any) -> None:

@@ -18,7 +18,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
-from support import NO_AWS_ENV, ROOT, synth_assembly
+from support import NO_AWS_ENV, P5_CLASS, ROOT, synth_assembly
 
 from eks_pd_serving.assembly import field_diff
 from eks_pd_serving.cli import cost, preflight, verify
@@ -112,6 +112,20 @@ def test_cost_uses_the_extended_support_price_past_standard_support(tmp_path: Pa
     lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     (eks,) = [line for line in lines if line.item == "EKS control plane"]
     assert (eks.unit_price, eks.note) == (0.60, "1.33, extended support")
+
+
+def test_cost_prices_every_gpu_type_of_the_catalogue() -> None:
+    from eks_pd_serving.catalog import INSTANCE_TYPES
+
+    unpriced = {name for name in INSTANCE_TYPES if name not in cost.PRICES["us-east-1"]}
+    assert unpriced == {"p5e.48xlarge"}  # no on-demand price in the recorded table
+
+
+def test_cost_of_a_p5_class_deployment(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, **P5_CLASS)
+    lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    nodes = {line.item: (line.quantity, line.unit_price) for line in lines if line.item.startswith("p5")}
+    assert nodes == {"p5.48xlarge nodes": (1, 55.04), "p5en.48xlarge nodes": (1, 63.296)}
 
 
 def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
@@ -224,6 +238,28 @@ def test_preflight_checks_each_group_of_the_per_phase_layout(aws: None) -> None:
     assert checks["EFA support (g6e.8xlarge)"][0] and checks["GPU AZ (g6.8xlarge)"][0]
     # 2 prefill g6.8xlarge + 1 decode g6e.8xlarge, 32 vCPUs each
     assert checks["G/VT vCPU quota"] == (True, "96 free (96 quota - 0 running), 96 needed (2 x 32 + 1 x 32 vCPUs)")
+
+
+def test_preflight_compares_the_catalogue_with_ec2(aws: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto carries EC2's DescribeInstanceTypes data: every catalogue row agrees with it, and a
+    wrong row (an L4 with 24 GiB) is reported with the fix."""
+    from eks_pd_serving.catalog import INSTANCE_TYPES, instances, mismatches
+
+    ec2 = boto3.client("ec2", region_name="us-east-1")
+    pages = ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=sorted(INSTANCE_TYPES))
+    live = {info["InstanceType"]: info for page in pages for info in page["InstanceTypes"]}
+    assert {name: mismatches(facts, live[name]) for name, facts in INSTANCE_TYPES.items()} == {
+        name: [] for name in INSTANCE_TYPES
+    }
+    bootstrap("us-east-1")
+    checks = {name: (passed, detail) for name, passed, detail in run_check("us-east-1", quota=64).checks}
+    assert checks["Instance facts (g6.8xlarge)"][0]
+    monkeypatch.setitem(instances.GPUS, "L4", instances.GpuFacts(24576, 300.0))
+    checks = {name: (passed, detail) for name, passed, detail in run_check("us-east-1", quota=64).checks}
+    assert checks["Instance facts (g6.8xlarge)"] == (
+        False,
+        "GPU memory MiB 24576 here, 22888 in EC2. Fix: correct its row in catalog/instances.py and synth again",
+    )
 
 
 def logs_client(existing: list[str]) -> tuple[Any, Stubber]:

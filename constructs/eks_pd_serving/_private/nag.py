@@ -109,7 +109,8 @@ CAPACITY_CHECK_FUNCTION = {
     f"{PACK}-IAM5[Resource::*]": (
         "ec2:DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeInstances and "
         "servicequotas:GetAWSDefaultServiceQuota support no resource-level permissions (Service "
-        "Authorization Reference); all are read-only. GetServiceQuota is scoped to the G/VT quota."
+        "Authorization Reference); all are read-only. GetServiceQuota is scoped to the G/VT and P "
+        "quotas the node groups use."
     ),
 }
 

@@ -10,13 +10,31 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# Service Quotas: "Running On-Demand G and VT instances", counted in vCPUs.
-G_VT_QUOTA_SERVICE = "ec2"
-G_VT_QUOTA_CODE = "L-DB2E81BA"
-# Instance families the G/VT quota counts (g4dn, g5, g6, g6e, gr6, vt1, ...).
-_G_VT_PREFIXES = ("g", "vt")
 # Managed node group instances carry this tag; this cluster's own nodes are not "other" usage.
 CLUSTER_TAG = "eks:cluster-name"
+
+
+@dataclass(frozen=True)
+class QuotaFamily:
+    """An EC2 on-demand vCPU quota and the instance families it counts."""
+
+    name: str
+    code: str
+    prefixes: tuple[str, ...]
+
+
+QUOTA_SERVICE = "ec2"
+# Service Quotas, in vCPUs: "Running On-Demand G and VT instances" (g4dn, g5, g6, g6e, gr6, vt1, ...)
+# and "Running On-Demand P instances" (p4d, p5, p5e, p5en, ...).
+QUOTA_FAMILIES = (
+    QuotaFamily("G/VT", "L-DB2E81BA", ("g", "vt")),
+    QuotaFamily("P", "L-417A185B", ("p",)),
+)
+
+
+def quota_family(instance_type: str) -> QuotaFamily | None:
+    family = instance_type.split(".", 1)[0]
+    return next((q for q in QUOTA_FAMILIES if family.startswith(q.prefixes)), None)
 
 
 @dataclass(frozen=True)
@@ -35,10 +53,6 @@ class Check:
     name: str
     passed: bool
     detail: str
-
-
-def counts_against_g_vt_quota(instance_type: str) -> bool:
-    return instance_type.split(".", 1)[0].startswith(_G_VT_PREFIXES)
 
 
 def instance_facts(ec2: Any, instance_types: Iterable[str]) -> dict[str, tuple[int, bool]]:
@@ -64,9 +78,9 @@ def offered_azs(ec2: Any, instance_type: str) -> list[str]:
     return sorted({offer["Location"] for page in pages for offer in page["InstanceTypeOfferings"]})
 
 
-def running_g_vt_vcpus(ec2: Any, exclude_cluster: str | None = None) -> int:
-    """vCPUs of pending/running on-demand G and VT instances in the region, except the nodes of
-    ``exclude_cluster`` (an update of this stack must not count its own nodes twice)."""
+def running_vcpus(ec2: Any, family: QuotaFamily, exclude_cluster: str | None = None) -> int:
+    """vCPUs of pending/running on-demand instances ``family``'s quota counts, in the region, except
+    the nodes of ``exclude_cluster`` (an update of this stack must not count its own nodes twice)."""
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[{"Name": "instance-state-name", "Values": ["pending", "running"]}]
     )
@@ -79,20 +93,20 @@ def running_g_vt_vcpus(ec2: Any, exclude_cluster: str | None = None) -> int:
                     continue
                 if exclude_cluster is not None and tags.get(CLUSTER_TAG) == exclude_cluster:
                     continue
-                if counts_against_g_vt_quota(instance["InstanceType"]):
+                if quota_family(instance["InstanceType"]) == family:
                     counted.append(instance["InstanceType"])
     facts = instance_facts(ec2, counted)
     return sum(facts[instance_type][0] for instance_type in counted)
 
 
-def g_vt_quota(quotas: Any) -> float:
-    """The account's G/VT on-demand vCPU quota; the AWS default when none was ever applied."""
+def quota_vcpus(quotas: Any, family: QuotaFamily) -> float:
+    """The account's on-demand vCPU quota for ``family``; the AWS default when none was ever applied."""
     from botocore.exceptions import ClientError
 
     try:
-        quota = quotas.get_service_quota(ServiceCode=G_VT_QUOTA_SERVICE, QuotaCode=G_VT_QUOTA_CODE)
+        quota = quotas.get_service_quota(ServiceCode=QUOTA_SERVICE, QuotaCode=family.code)
     except ClientError:
-        quota = quotas.get_aws_default_service_quota(ServiceCode=G_VT_QUOTA_SERVICE, QuotaCode=G_VT_QUOTA_CODE)
+        quota = quotas.get_aws_default_service_quota(ServiceCode=QUOTA_SERVICE, QuotaCode=family.code)
     return float(quota["Quota"]["Value"])
 
 
@@ -104,8 +118,8 @@ def check_capacity(
     *,
     cluster_name: str | None = None,
 ) -> list[Check]:
-    """EFA support and the GPU AZ's offering for each group, then the G/VT quota less what
-    already runs (outside ``cluster_name``) against every group's vCPUs together."""
+    """EFA support and the GPU AZ's offering for each group, then each instance family's on-demand
+    quota (G/VT, P) less what already runs (outside ``cluster_name``) against its groups' vCPUs."""
     checks: list[Check] = []
     facts = instance_facts(ec2, (group.instance_type for group in groups))
     for instance_type in sorted(facts):
@@ -128,19 +142,34 @@ def check_capacity(
                     "gpu_availability_zone and availability_zones",
                 )
             )
-    needed = sum(group.node_count * facts[group.instance_type][0] for group in groups if group.instance_type in facts)
-    quota = g_vt_quota(quotas)
-    in_use = running_g_vt_vcpus(ec2, exclude_cluster=cluster_name)
+    for family in QUOTA_FAMILIES:
+        members = [g for g in groups if g.instance_type in facts and quota_family(g.instance_type) == family]
+        if members:
+            checks.append(_quota_check(ec2, quotas, family, members, facts, cluster_name))
+    return checks
+
+
+def _quota_check(
+    ec2: Any,
+    quotas: Any,
+    family: QuotaFamily,
+    groups: Sequence[GroupNeed],
+    facts: dict[str, tuple[int, bool]],
+    cluster_name: str | None,
+) -> Check:
+    """``family``'s quota less what already runs (outside ``cluster_name``) against its groups' vCPUs."""
+    needed = sum(group.node_count * facts[group.instance_type][0] for group in groups)
+    quota = quota_vcpus(quotas, family)
+    in_use = running_vcpus(ec2, family, exclude_cluster=cluster_name)
     free = quota - in_use
-    parts = " + ".join(f"{g.node_count} x {facts[g.instance_type][0]}" for g in groups if g.instance_type in facts)
+    parts = " + ".join(f"{g.node_count} x {facts[g.instance_type][0]}" for g in groups)
     detail = f"{free:.0f} free ({quota:.0f} quota - {in_use} running), {needed} needed ({parts} vCPUs)"
     if free < needed:
         detail += (
-            f". Fix: request a G/VT quota of at least {in_use + needed} vCPUs ({G_VT_QUOTA_CODE} in Service "
-            "Quotas) or stop other G/VT instances"
+            f". Fix: request a {family.name} quota of at least {in_use + needed} vCPUs ({family.code} in Service "
+            f"Quotas) or stop other {family.name} instances"
         )
-    checks.append(Check("G/VT vCPU quota", free >= needed, detail))
-    return checks
+    return Check(f"{family.name} vCPU quota", free >= needed, detail)
 
 
 def failures(checks: Iterable[Check]) -> str:

@@ -10,6 +10,7 @@ from .instances import (
     GpuFacts,
     InstanceFacts,
     efa_plugin_instance_types,
+    mismatches,
 )
 from .models import CATALOG, CONFIGS, DENSE, HYBRID, MODELS, MOE, CatalogEntry, ModelFacts, facts_from_config
 
@@ -35,4 +36,5 @@ __all__ = [
     "ModelFacts",
     "efa_plugin_instance_types",
     "facts_from_config",
+    "mismatches",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import yaml
 
@@ -144,3 +144,31 @@ EFA_PLUGIN_VALUES: Final = (
 def efa_plugin_instance_types() -> frozenset[str]:
     values = yaml.safe_load(EFA_PLUGIN_VALUES.read_text())
     return frozenset(values["supportedInstanceLabels"]["values"])
+
+
+def mismatches(facts: InstanceFacts, info: dict[str, Any]) -> list[str]:
+    """Where the catalogue's row differs from EC2's ``DescribeInstanceTypes`` entry ``info`` (the
+    API's field names); empty when they agree."""
+    gpus = (info.get("GpuInfo") or {}).get("Gpus") or [{}]
+    network = info.get("NetworkInfo") or {}
+    live = {
+        "vCPUs": info["VCpuInfo"]["DefaultVCpus"],
+        "memory GiB": info["MemoryInfo"]["SizeInMiB"] // 1024,
+        "GPUs": gpus[0].get("Count", 0),
+        "GPU": gpus[0].get("Name", ""),
+        "GPU memory MiB": (gpus[0].get("MemoryInfo") or {}).get("SizeInMiB", 0),
+        "EFA interfaces": (network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0),
+    }
+    ours = {
+        "vCPUs": facts.vcpus,
+        "memory GiB": facts.memory_gib,
+        "GPUs": facts.gpus,
+        "GPU": facts.gpu_name,
+        "GPU memory MiB": facts.gpu_memory_mib,
+        "EFA interfaces": facts.efa_interfaces,
+    }
+    found = [f"{name} {ours[name]} here, {live[name]} in EC2" for name in ours if ours[name] != live[name]]
+    cards = network.get("MaximumNetworkCards", 1)
+    if facts.efa_interfaces > cards:
+        found.append(f"{facts.efa_interfaces} EFA interfaces but {cards} network cards (one EFA per card)")
+    return found

@@ -2,12 +2,13 @@
 
 Resolves the GPU AZ (the first AZ of the region that offers every GPU group's instance type),
 runs the checks the deploy-time custom resource runs (EFA support of each type, the AZ's
-offering, the G and VT on-demand vCPU quota less the vCPUs already running against every GPU
-group's need), checks the CDK bootstrap stack, that none of the log groups the stack creates under fixed names
-exists yet and, with observability, that EKS offers the
-pinned CloudWatch add-on version for the Kubernetes version and accepts the stack's configuration
-values (the add-on's own JSON schema, from EKS), then writes the AZs into cdk.context.json so the
-next synth pins them.
+offering, each family's on-demand vCPU quota, G and VT or P, less the vCPUs already running
+against its GPU groups' need), compares each GPU type's catalogue row with EC2's
+DescribeInstanceTypes (vCPUs, memory, GPUs, GPU memory, EFA interfaces), checks the CDK bootstrap
+stack, that none of the log groups the stack creates under fixed names exists yet and, with
+observability, that EKS offers the pinned CloudWatch add-on version for the Kubernetes version and
+accepts the stack's configuration values (the add-on's own JSON schema, from EKS), then writes the
+AZs into cdk.context.json so the next synth pins them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..capacity.checks import check_capacity, offered_azs
+from ..catalog import INSTANCE_TYPES, mismatches
 from ..config import DeploymentConfig
 from ..lifecycle.needs import named_log_groups
 from ..observability import ADDON_NAME, addon_configuration
@@ -123,6 +125,27 @@ def check_cloudwatch_addon(eks: Any, config: DeploymentConfig, region: str) -> t
     return name, True, f"{ADDON_NAME} {version} is offered for {kubernetes} and accepts the stack's values"
 
 
+def check_instance_facts(ec2: Any, config: DeploymentConfig) -> list[tuple[str, bool, str]]:
+    """Does each GPU type's catalogue row (what sizing, the launch template's EFA layout and the
+    pods' requests were built from) agree with what EC2 says of it here?"""
+    wanted = sorted({group.instance_type for group in config.gpu_groups})
+    live = {
+        info["InstanceType"]: info
+        for page in ec2.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted)
+        for info in page["InstanceTypes"]
+    }
+    checks = []
+    for name in wanted:
+        found = mismatches(INSTANCE_TYPES[name], live[name])
+        detail = (
+            f"{'; '.join(found)}. Fix: correct its row in catalog/instances.py and synth again"
+            if found
+            else "vCPUs, memory, GPUs, GPU memory and EFA interfaces agree with the catalogue"
+        )
+        checks.append((f"Instance facts ({name})", not found, detail))
+    return checks
+
+
 def check_log_groups(logs: Any, config: DeploymentConfig) -> tuple[str, bool, str]:
     """Does a log group the stack creates under a fixed name exist already? CloudFormation then
     fails the first deploy (the control-plane group before the cluster, the add-on's after it)."""
@@ -162,6 +185,7 @@ def check(
         ec2, quotas, [g.need for g in config.gpu_groups], result.gpu_az, cluster_name=config.cluster_name
     ):
         result.checks.append((found.name, found.passed, found.detail))
+    result.checks += check_instance_facts(ec2, config)
     try:
         cloudformation.describe_stacks(StackName=BOOTSTRAP_STACK)
         result.checks.append(("CDK bootstrap", True, f"{BOOTSTRAP_STACK} exists"))
