@@ -17,13 +17,16 @@ MISSING = object()
 
 
 def resolve(value: Any, region: str = REGION_PLACEHOLDER) -> Any:
-    """Flatten Fn::Join and Ref AWS::Region, the only intrinsics the manifests hold."""
+    """Flatten what the manifests hold: Fn::Join, Ref AWS::Region (``region``), and the Ref of a
+    resource of the stack (the model bucket's name), shown as ``<LogicalId>``."""
     if isinstance(value, dict):
         if "Fn::Join" in value:
             separator, parts = value["Fn::Join"]
             return str(separator).join(str(resolve(part, region)) for part in parts)
         if value == {"Ref": "AWS::Region"}:
             return region
+        if set(value) == {"Ref"} and isinstance(value["Ref"], str):
+            return f"<{value['Ref']}>"
         return {k: resolve(v, region) for k, v in value.items()}
     if isinstance(value, list):
         return [resolve(v, region) for v in value]

@@ -94,7 +94,15 @@ def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
     )
 
 
-def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
+def worker_service_account(config: DeploymentConfig) -> str | None:
+    """The Ray workers' service account, which EKS Pod Identity lets read the staged weights
+    (weights_source=s3); None: the namespace's default one."""
+    return f"{config.ray_service_name}-workers" if config.weights_source == "s3" else None
+
+
+def ray_service_props(config: DeploymentConfig, image: str, weights_uri: str | None = None) -> RayServiceProps:
+    """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
+    through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself."""
     facts = config.model_facts
     return RayServiceProps(
         name=config.ray_service_name,
@@ -103,7 +111,7 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         ray_version=versions.RAY_VERSION,
         model=ModelSpec(
             model_id=config.model_id,
-            model_source=config.model_source,
+            model_source=weights_uri or config.model_source,
             max_model_len=config.max_model_len,
             dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
@@ -123,4 +131,6 @@ def ray_service_props(config: DeploymentConfig, image: str) -> RayServiceProps:
         system_node_selector=dict(SYSTEM_NODE_LABELS),
         upgrade_strategy=config.ray_upgrade_strategy,
         autoscaler=RayAutoscalerSpec() if config.autoscaling else None,
+        worker_service_account=worker_service_account(config) if weights_uri else None,
+        aws_region=region(config) if weights_uri else None,
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aws_cdk import Aws, CfnResource, CustomResourceProviderBase, RemovalPolicy, Stack, Token
+from aws_cdk import Aws, RemovalPolicy, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
@@ -23,9 +23,11 @@ class Network(Construct):
     """VPC for the cluster, new or brought; ``gpu_subnet`` is the one private subnet of the GPU
     node groups.
 
-    :param vpc: an existing VPC with private subnets (with egress) in two or more AZs; its NAT and
-        flow logs stay its owner's. Default: a new VPC (10.0.0.0/16, public and private subnets,
-        NAT, flow logs into a KMS-encrypted group kept one year).
+    :param vpc: an existing VPC with private subnets (with egress) in two or more AZs; its NAT,
+        flow logs and S3 gateway endpoint stay its owner's (without one, S3 reads cross its
+        NAT). Default: a new VPC (10.0.0.0/16, public and private subnets,
+        NAT, an S3 gateway endpoint on the private route tables, flow logs into a KMS-encrypted group
+        kept one year).
     :param availability_zones: AZs of a new VPC. Default: the region's first two.
     :param nat_gateways: NAT gateways of a new VPC. Default: 1.
     :param gpu_availability_zone: AZ of the GPU subnet (EFA does not cross AZs). Default: the AZ
@@ -88,6 +90,13 @@ class Network(Construct):
             removal_policy=RemovalPolicy.DESTROY,
         )
         _skip_checkov_outside_vpc(self)
+        # S3 from the private subnets (the engines' weights, image layers ECR keeps in S3) stays
+        # off the NAT: no per-GB processing charge, no NAT bandwidth limit.
+        vpc.add_gateway_endpoint(
+            "S3Endpoint",
+            service=ec2.GatewayVpcEndpointAwsService.S3,
+            subnets=[ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)],
+        )
         vpc.add_flow_log(
             "FlowLog",
             traffic_type=ec2.FlowLogTrafficType.ALL,
@@ -119,10 +128,9 @@ class Network(Construct):
 def _skip_checkov_outside_vpc(scope: Construct) -> None:
     """aws-cdk-lib's provider for ``@aws-cdk/aws-ec2:restrictDefaultSecurityGroup`` (a
     stack-level singleton the VPC creates) runs outside the VPC it strips: nothing to reach in it."""
-    for provider in Stack.of(scope).node.children:
-        if isinstance(provider, CustomResourceProviderBase) and provider.node.id.startswith(
-            "Custom::VpcRestrictDefaultSG"
-        ):
-            handler = provider.node.find_child("Handler")
-            assert isinstance(handler, CfnResource)
-            checkov.skip(handler, checkov.LAMBDA_OUTSIDE_VPC, "Calls only the EC2 API; nothing in the VPC to reach")
+    checkov.skip_stack_provider(
+        scope,
+        "Custom::VpcRestrictDefaultSG",
+        checkov.LAMBDA_OUTSIDE_VPC,
+        "Calls only the EC2 API; nothing in the VPC to reach",
+    )

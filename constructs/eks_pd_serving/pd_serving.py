@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from aws_cdk import Annotations, Token
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from . import mapping, observability
+from ._private import nag
+from ._private.pod_identity import pod_identity_role
 from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster
 from .cluster_autoscaler import ClusterAutoscaler
@@ -27,6 +30,7 @@ from .network import Network
 from .observability.addon import CloudWatchObservability
 from .observability.dashboard import ServingDashboard
 from .ray_service import RayServiceManifest
+from .weights import ModelWeights
 
 
 class PdServing(Construct):
@@ -108,10 +112,11 @@ class PdServing(Construct):
                 region=self.region,
             )
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
+        weights = self._stage_weights(config)
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
-            props=mapping.ray_service_props(config, mapping.image(config)),
+            props=mapping.ray_service_props(config, mapping.image(config), weights.uri if weights else None),
             cluster=cluster,
             depends_on=[
                 self.kuberay,
@@ -119,12 +124,43 @@ class PdServing(Construct):
                 self.eks.system_nodes,
                 *gpu_nodegroups,
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
+                # The engines start once the weights are staged and their pods may read them.
+                *([weights.resource, self.weights_access] if weights and self.weights_access else []),
             ],
         )
         self._observe(config)
         self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
         self.log_groups.adopt_lambda_logs(self)
+
+    def _stage_weights(self, config: DeploymentConfig) -> ModelWeights | None:
+        """With ``weights_source=s3``: the bucket, the staging job the deploy waits for, and Pod
+        Identity for the Ray workers' service account, reading the staged prefix only."""
+        self.weights: ModelWeights | None = None
+        self.weights_access: eks.CfnPodIdentityAssociation | None = None
+        service_account = mapping.worker_service_account(config)
+        if service_account is None:
+            return None
+        self.weights = ModelWeights(
+            self,
+            "ModelWeights",
+            model_source=config.model_source,
+            revision=config.model_revision,
+            log_groups=self.log_groups,
+            hf_token_secret=config.hf_token_secret,
+            removal=config.model_bucket_removal,
+        )
+        scope = Construct(self, "WorkerIdentity")
+        role, self.weights_access = pod_identity_role(
+            scope,
+            cluster=self.eks.cluster,
+            namespace=config.namespace,
+            service_account=service_account,
+            description="Ray workers: read the staged model weights",
+        )
+        self.weights.grant_read(role)
+        nag.acknowledge(role, nag.model_readers(self.weights.bucket, self.weights.prefix))
+        return self.weights
 
     def _observe(self, config: DeploymentConfig) -> None:
         """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before

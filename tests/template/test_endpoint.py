@@ -58,7 +58,8 @@ def _depends_on(template: dict[str, Any], logical_id: str) -> set[str]:
 def test_port_forward_adds_no_load_balancer(default: dict[str, Any]) -> None:
     assert "aws-load-balancer-controller" not in helm_releases(default)
     assert not any(o["spec"].get("type") == "LoadBalancer" for o in _objects(default, "Service").values())
-    assert not [r for r in default["Resources"].values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    associations = [r for r in default["Resources"].values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    assert [a["Properties"]["ServiceAccount"] for a in associations] == ["ray-llm-workers"]  # the weights' readers
 
 
 def test_internal_installs_the_pinned_controller_on_the_system_nodes(internal: dict[str, Any]) -> None:
@@ -70,16 +71,20 @@ def test_internal_installs_the_pinned_controller_on_the_system_nodes(internal: d
         "kube-system",
     )
     values = release["values"]
-    assert values["clusterName"] == str({"Ref": _logical_id(internal, "AWS::EKS::Cluster", "Cluster")})
+    assert values["clusterName"] == f"<{_logical_id(internal, 'AWS::EKS::Cluster', 'Cluster')}>"
     assert values["serviceAccount"] == {"create": True, "name": "aws-load-balancer-controller"}
     assert values["enableServiceMutatorWebhook"] is False
     assert values["nodeSelector"] == SYSTEM_NODE_LABELS
-    assert "Ref" in values["vpcId"]  # the stack's VPC, not discovered through instance metadata
+    assert values["vpcId"].startswith("<PdServingNetwork")  # the stack's VPC, not discovered through instance metadata
 
 
 def test_the_controller_gets_its_releases_policy_through_pod_identity(internal: dict[str, Any]) -> None:
     resources = internal["Resources"]
-    (association,) = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
+    (association,) = [
+        r["Properties"]
+        for r in resources.values()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation" and r["Properties"]["Namespace"] == "kube-system"
+    ]
     assert (association["Namespace"], association["ServiceAccount"]) == ("kube-system", "aws-load-balancer-controller")
     role = resources[association["RoleArn"]["Fn::GetAtt"][0]]["Properties"]
     trust = role["AssumeRolePolicyDocument"]["Statement"]
@@ -118,7 +123,7 @@ def test_the_endpoint_service_asks_for_an_internal_nlb_with_ip_targets(internal:
     attributes = annotations["service.beta.kubernetes.io/aws-load-balancer-target-group-attributes"]
     assert attributes == "preserve_client_ip.enabled=false"  # the source the serve-port policy admits
     private = [k for k, r in internal["Resources"].items() if r["Type"] == "AWS::EC2::Subnet" and "PrivateSubnet" in k]
-    assert annotations["service.beta.kubernetes.io/aws-load-balancer-subnets"].count("Ref") == len(private) == 2
+    assert annotations["service.beta.kubernetes.io/aws-load-balancer-subnets"].split(",") == [f"<{k}>" for k in private]
     spec = service["spec"]
     assert (spec["type"], spec["loadBalancerClass"]) == ("LoadBalancer", NLB_CLASS)
     assert spec["loadBalancerSourceRanges"] == ["10.0.0.0/16"]  # default: the VPC

@@ -280,7 +280,11 @@ def test_the_credentials_rule_fails_when_the_controller_no_longer_waits_for_its_
 ) -> None:
     model = variants["internal"]
     (controller,) = _ids(model, "Custom::AWSCDK-EKS-HelmChart", Release="aws-load-balancer-controller")
-    (association,) = [r.id for r in model.of_type("AWS::EKS::PodIdentityAssociation")]
+    (association,) = [
+        r.id
+        for r in model.of_type("AWS::EKS::PodIdentityAssociation")
+        if r.properties["ServiceAccount"] == "aws-load-balancer-controller"
+    ]
     (finding,) = rules.aws_controllers_outlive_credentials_and_nodes(
         _without_edges(model, {association}, of={controller})
     )

@@ -68,8 +68,10 @@ def test_vpc_flow_logs_go_to_a_kms_encrypted_log_group(template: Template) -> No
 
 def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: Template) -> None:
     groups = resources(template, "AWS::Logs::LogGroup")
-    # flow logs, control plane, one per Lambda (5), and the five the CloudWatch add-on writes to
-    assert len(groups) == 12
+    # flow logs, control plane, one per Lambda (5 + the bucket emptier's), the five the CloudWatch
+    # add-on writes to, and the weights staging's (its job, its two handlers, their provider
+    # framework, its waiter state machine)
+    assert len(groups) == 18
     for group_id, group in groups.items():
         assert "KmsKeyId" in group["Properties"], group_id
         assert group["DeletionPolicy"] == "Delete", group_id
@@ -77,20 +79,21 @@ def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: T
 
 def test_every_kms_key_rotates(template: Template) -> None:
     keys = resources(template, "AWS::KMS::Key").values()
-    assert len(keys) == 3 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
+    # secrets, flow logs, log groups, model weights
+    assert len(keys) == 4 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
 
 
 def test_the_alarm_topics_key_rotates_too() -> None:
     from support import build_stack
 
     keys = Template.from_stack(build_stack(alarm_email="ops@example.com")).find_resources("AWS::KMS::Key")
-    assert len(keys) == 4 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
+    assert len(keys) == 5 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
 
 
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
     """The default exposure (port-forward); the internal NLB is tests/template/test_endpoint.py's."""
     objects = manifests(template_file)
-    assert {o["kind"] for o in objects} == {"Namespace", "RayService", "NetworkPolicy"}
+    assert {o["kind"] for o in objects} == {"Namespace", "RayService", "NetworkPolicy", "ServiceAccount"}
     (service,) = [o for o in objects if o["kind"] == "RayService"]
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]
     # KubeRay's head and serve services stay ClusterIP: dashboard (8265) and serve (8000) are
@@ -251,6 +254,7 @@ STATEFUL_IDS = {
         "PdServingClusterSecretsKey424EDBC4",
         "PdServingNetworkFlowLogKey60984D8E",
         "PdServingLogsKeyCD93001E",
+        "PdServingModelWeightsKey208352AB",
     },
     "AWS::EC2::PlacementGroup": {"PdServingGpuNodesPlacementGroupD08642E2"},
 }

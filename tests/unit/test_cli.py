@@ -86,13 +86,17 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     lines, label = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     hourly = sum(line.hourly for line in lines)
     # EKS 0.10 + NAT 0.045 + m7i.xlarge 0.2016 + 2 x g6.8xlarge 2.0144
-    # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h + 3 KMS keys (secrets, flow logs, logs) x 1.00 / 720 h
+    # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h + 4 KMS keys (secrets, flow logs, logs, weights) x 1.00 / 720 h
+    # + Qwen3.5-9B's bf16 checkpoint in S3: 2 x 9.02e9 bytes = 18.0 GB x 0.023 / 720 h
     # + observability a month: 1 dashboard x 3.00, 3 alarm metrics (UCX 1, KV-over-EFA 2) x 0.10,
     #   14 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2 sources, 2 vLLM
     #   totals, the UCX line count) x 0.30
     observability = (3.00 + 3 * 0.10 + 14 * 0.30) / 720
-    assert hourly == pytest.approx(0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 3 / 720 + observability)
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3200.79, abs=0.01)
+    weights = 18.0 * 0.023 / 720
+    assert hourly == pytest.approx(
+        0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 4 / 720 + weights + observability
+    )
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3202.20, abs=0.01)
     assert {line.item for line in lines} >= {
         "CloudWatch dashboard",
         "CloudWatch alarm metrics",
@@ -136,7 +140,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,200.79" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,202.20" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------

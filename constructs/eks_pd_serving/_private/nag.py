@@ -140,3 +140,84 @@ def published_policy_wildcards(document: dict[str, Any], source: str) -> dict[st
             if "*" in resource:
                 found[f"{PACK}-IAM5[Resource::{resource}]"] = reason
     return found
+
+
+MODEL_BUCKET_NO_ACCESS_LOGS = (
+    "The model bucket holds public model weights; only the staging job writes and only the Ray workers' "
+    "role reads one prefix. Server access logs would need a second bucket that outlives the stack; "
+    "CloudTrail S3 data events are the audit trail where one is required."
+)
+MODEL_BUCKET = {f"{PACK}-S1": MODEL_BUCKET_NO_ACCESS_LOGS}
+
+WEIGHTS_FUNCTION = {
+    _LAMBDA_LOGS: (
+        "The weights-staging Lambdas write only their own CloudWatch logs; this AWS managed policy is "
+        "the documented minimum for that."
+    ),
+}
+
+
+def _stack_ids(*elements: IConstruct) -> list[str]:
+    return [logical_id(e.node.default_child) for e in elements]
+
+
+def staging_job(project: IConstruct, bucket: IConstruct) -> dict[str, str]:
+    """The staging job's role: its own writes under the bucket's models/ prefix, and the grants
+    aws-cdk-lib's CodeBuild Project adds for its log group and report groups."""
+    (project_id, bucket_id) = _stack_ids(project, bucket)
+    return {
+        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/models/*]": (
+            "The job stages any revision of the served model under models/<repository>/<revision>/; the "
+            "object keys are the files of that revision, unknown before it runs."
+        ),
+        f"{PACK}-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/aws/codebuild/"
+        f"<{project_id}>:*]": "aws-cdk-lib's CodeBuild grant: the project's own log streams.",
+        f"{PACK}-IAM5[Resource::arn:<AWS::Partition>:codebuild:<AWS::Region>:<AWS::AccountId>:report-group/"
+        f"<{project_id}>-*]": "aws-cdk-lib's CodeBuild grant: the project's own report groups (unused).",
+        **{
+            f"{PACK}-IAM5[Action::{action}]": (
+                "aws-cdk-lib's grants for the job's source (read of its code asset in the CDK asset bucket) and "
+                "its encryption key (the stack's model key): action groups on those two resources only."
+            )
+            for action in ("s3:GetBucket*", "s3:GetObject*", "s3:List*", "kms:GenerateDataKey*", "kms:ReEncrypt*")
+        },
+    }
+
+
+def weights_is_complete(bucket: IConstruct) -> dict[str, str]:
+    (bucket_id,) = _stack_ids(bucket)
+    return {
+        **WEIGHTS_FUNCTION,
+        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/models/*]": (
+            "Reads the staging job's one-line failure reason, which it writes beside the revision it stages."
+        ),
+    }
+
+
+def model_readers(bucket: IConstruct, prefix: str) -> dict[str, str]:
+    (bucket_id,) = _stack_ids(bucket)
+    return {
+        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/{prefix}/*]": (
+            "The Ray workers read the files of the one staged revision they serve; nothing else in the bucket."
+        ),
+    }
+
+
+def waiting_provider_framework(provider: IConstruct, on_event: IConstruct, is_complete: IConstruct) -> dict[str, str]:
+    """aws-cdk-lib's Provider framework with an is_complete handler: three framework Lambdas and the
+    Step Functions state machine that polls."""
+    found = provider_framework(provider, on_event)
+    names = {"framework-isComplete", "framework-onTimeout"}
+    versions = "The Provider framework invokes any version of its own functions (<arn>:*), those only."
+    for element in [is_complete, *(provider.node.find_child(n) for n in sorted(names))]:
+        found[f"{PACK}-IAM5[Resource::<{logical_id(element.node.default_child)}.Arn>:*]"] = versions
+    found[f"{PACK}-IAM5[Resource::*]"] = (
+        "The state machine's log delivery, as aws-cdk-lib grants it: logs:CreateLogDelivery, GetLogDelivery, "
+        "UpdateLogDelivery, DeleteLogDelivery, ListLogDeliveries, PutResourcePolicy, DescribeResourcePolicies "
+        "and DescribeLogGroups support no resource-level permissions (Service Authorization Reference)."
+    )
+    found[f"{PACK}-SF2"] = (
+        "aws-cdk-lib's Provider framework state machine only waits and polls; its executions are logged "
+        "(level ALL) to a group of the stack, X-Ray would add nothing."
+    )
+    return found

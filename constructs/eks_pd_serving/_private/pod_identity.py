@@ -11,16 +11,19 @@ from constructs import Construct
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 
 
-def pod_identity_service_role(scope: Construct, *, policy_arn: str, description: str) -> iam.Role:
+def pod_identity_service_role(scope: Construct, *, policy_arn: str | None, description: str) -> iam.Role:
     """The role, trusted by the Pod Identity service with AssumeRole and TagSession, carrying the
-    one managed policy; an EKS add-on may own the association itself (CfnAddon)."""
+    one managed policy (None: only what is granted to it later); an EKS add-on may own the
+    association itself (CfnAddon)."""
     principal = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
     role = iam.Role(
         scope,
         "Role",
         assumed_by=principal,
         description=description,
-        managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(scope, "PolicyArn", policy_arn)],
+        managed_policies=[iam.ManagedPolicy.from_managed_policy_arn(scope, "PolicyArn", policy_arn)]
+        if policy_arn
+        else None,
     )
     role.assume_role_policy.add_statements(  # type: ignore[union-attr]
         iam.PolicyStatement(actions=["sts:TagSession"], principals=[principal])
@@ -34,7 +37,7 @@ def pod_identity_role(
     cluster: eks.Cluster,
     namespace: str,
     service_account: str,
-    policy_arn: str,
+    policy_arn: str | None = None,
     description: str,
 ) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
     """The role and the association of ``namespace``/``service_account`` with it; pods get

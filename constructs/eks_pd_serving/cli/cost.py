@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..catalog import MODELS
 from ..observability import ADDON_NAME, custom_metric_count
 from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
@@ -44,6 +45,7 @@ PRICES: dict[str, dict[str, float]] = {
         "eks_extended_hour": 0.60,
         "nat_hour": 0.045,
         "gp3_gb_month": 0.08,
+        "s3_gb_month": 0.023,  # S3 Standard, first 50 TB (public pricing page, as recalled: not fetched here)
         "kms_key_month": 1.00,
         # CloudWatch, standard resolution (public pricing page, as recalled: not fetched here).
         "cw_dashboard_month": 3.00,
@@ -115,8 +117,30 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
         )
     keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
+    lines += _weights(list(resources), prices)
     lines += _observability(list(resources), prices)
     return lines, label
+
+
+def checkpoint_gb(model_source: str) -> float | None:
+    """The staged checkpoint's size, GB, from the catalogue (bf16; FP8 checkpoints one byte per
+    Linear weight); None for a model outside it."""
+    facts = MODELS.get(model_source)
+    if facts is None:
+        return None
+    if facts.checkpoint_quantization == "fp8":
+        return (facts.linear_params + 2 * (facts.params - facts.linear_params)) / 1e9
+    return 2 * facts.params / 1e9
+
+
+def _weights(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:
+    """The staged weights in the model bucket (S3 Standard), one copy per revision staged."""
+    lines = []
+    for staged in (r["Properties"] for r in resources if r["Type"] == "Custom::ModelWeights"):
+        size = checkpoint_gb(str(staged["Model"]))
+        note = "one copy per revision staged" if size else "model outside the catalogue: size unknown"
+        lines.append(Line("Model weights in S3", round(size or 0, 1), prices["s3_gb_month"] / HOURS_30_DAYS, note))
+    return lines
 
 
 def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:

@@ -19,6 +19,12 @@ DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 REGION = re.compile(r"^[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d$")
 AZ = re.compile(r"^([a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d)[a-z]$")
+# A Hugging Face revision: a commit hash, branch or tag (refs/pr/N included).
+HF_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,128}$")
+# A Secrets Manager secret name or ARN (names: letters, digits and /_+=.@-).
+SECRET = re.compile(r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[\w/+=.@-]{1,512}$")
+# Hugging Face user access tokens start with hf_ (then 34 letters).
+HF_TOKEN = re.compile(r"^hf_[A-Za-z0-9]{20,}$")
 ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
 NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 
@@ -53,6 +59,7 @@ class FieldRules(BaseModel):
         "region",
         "gpu_availability_zone",
         "admin_role_arn",
+        "hf_token_secret",
         "image",
         "prefill_gpu_instance_type",
         "prefill_gpu_node_count",
@@ -140,6 +147,23 @@ class FieldRules(BaseModel):
     @classmethod
     def _client_cidrs(cls, value: tuple[str, ...] | None) -> tuple[str, ...] | None:
         _ipv4_networks(value or (), "the internal endpoint is IPv4")
+        return value
+
+    @field_validator("model_revision", check_fields=False)
+    @classmethod
+    def _revision(cls, value: str) -> str:
+        if not HF_REVISION.match(value):
+            raise ValueError("not a Hugging Face revision (a commit hash, branch or tag)")
+        return value
+
+    @field_validator("hf_token_secret", check_fields=False)
+    @classmethod
+    def _secret(cls, value: str | None) -> str | None:
+        if value is not None and HF_TOKEN.match(value):
+            # Refused without echoing it: the value would otherwise land in the template.
+            raise ValueError("this looks like a Hugging Face token itself, not the name of the secret holding it")
+        if value is not None and not SECRET.match(value):
+            raise ValueError("not a Secrets Manager secret name or ARN")
         return value
 
     @field_validator("admin_role_arn", check_fields=False)

@@ -149,4 +149,10 @@ def _one_line(error: ValidationError, settings: Mapping[str, Any]) -> str:
     fix = f". Fix: set {key} to {hint}" if hint else ""
     if key not in DeploymentConfig.model_fields:
         fix = ". Fix: remove it; settings are listed in docs/reference/settings.md"
+    if key in _SECRET_SETTINGS:  # never echo what may be a credential into a terminal or CI log
+        return f"{key}=<hidden>: {message}{fix}"
     return f"{key}={value!r}: {message}{fix}"
+
+
+# Settings whose values are echoed as <hidden> in errors.
+_SECRET_SETTINGS = frozenset({"hf_token_secret"})

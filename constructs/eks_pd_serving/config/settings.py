@@ -330,6 +330,39 @@ class Settings(BaseModel):
             means="the catalogue's entry for model_source; synth refuses a model outside it",
         ),
     )
+    model_revision: str = Field(
+        "main",
+        description=(
+            "Hugging Face revision of the weights: a commit hash pins what is served; a branch or tag is "
+            "resolved when first staged and then kept (the bucket holds one copy per revision setting)."
+        ),
+        json_schema_extra=_hint("a commit hash, branch or tag such as main"),
+    )
+    weights_source: Literal["s3", "huggingface"] = Field(
+        "s3",
+        description=(
+            "Where the engines load the weights from: s3 stages them once per revision into the stack's "
+            "bucket (a CodeBuild job the deploy waits for) and the engines read them there through the S3 "
+            "gateway endpoint; huggingface downloads them at every engine start, through the NAT."
+        ),
+        json_schema_extra=_hint("s3 or huggingface"),
+    )
+    hf_token_secret: str | None = Field(
+        None,
+        description=(
+            "Name or ARN of a Secrets Manager secret whose value is a Hugging Face token, for gated models. "
+            "Only the staging job reads it; it never appears in the template, the serve config or a pod."
+        ),
+        json_schema_extra=_hint("a secret name such as hf/token, or its ARN", means="no token: public models only"),
+    )
+    model_bucket_removal: Literal["destroy", "retain"] = Field(
+        "destroy",
+        description=(
+            "What cdk destroy does to the model bucket and its key: destroy empties and deletes them (nothing "
+            "left behind); retain keeps both, and their storage charges, for your own reuse."
+        ),
+        json_schema_extra=_hint("destroy or retain"),
+    )
     max_model_len: int = Field(
         4096,
         ge=16,

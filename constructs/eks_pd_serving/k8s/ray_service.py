@@ -40,6 +40,14 @@ class RayServiceChart(cdk8s.Chart):
             kind="Namespace",
             metadata=cdk8s.ApiObjectMetadata(name=props.namespace, labels=POD_SECURITY_LABELS),
         )
+        if props.worker_service_account:
+            cdk8s.ApiObject(
+                self,
+                "WorkerServiceAccount",
+                api_version="v1",
+                kind="ServiceAccount",
+                metadata=cdk8s.ApiObjectMetadata(name=props.worker_service_account, namespace=props.namespace),
+            )
         service = cdk8s.ApiObject(
             self,
             "RayService",
@@ -132,6 +140,9 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     ]
     if props.hybrid_model:
         env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})
+    if props.aws_region:
+        # Ray's S3 download (boto3) uses the regional endpoint, which the VPC's gateway endpoint serves.
+        env.append({"name": "AWS_REGION", "value": props.aws_region})
     low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {
         "groupName": group.name,
@@ -152,6 +163,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         "template": {
             **template,
             "spec": {
+                **({"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}),
                 "nodeSelector": group.node_selector,
                 "containers": [
                     {

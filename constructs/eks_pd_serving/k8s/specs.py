@@ -145,6 +145,11 @@ class RayServiceProps:
     upgrade_strategy: str = "None"
     # None: worker pods fixed at each group's replicas.
     autoscaler: RayAutoscalerSpec | None = None
+    # The workers' Kubernetes service account (created with the RayService; EKS Pod Identity gives
+    # it read access to the staged weights) and the region its AWS calls go to. None: the
+    # namespace's default account, no AWS access.
+    worker_service_account: str | None = None
+    aws_region: str | None = None
 
     @property
     def serve_service_name(self) -> str:
