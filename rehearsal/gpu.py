@@ -47,6 +47,9 @@ ENGINE_CHOICES: dict[str, dict[str, Any]] = {
     "fp8-eager": {"enforce_eager": True, "quantization": "fp8"},
     "bf16-graphs": {"enforce_eager": False},
     "fp8-graphs": {"enforce_eager": False, "quantization": "fp8"},
+    # How the weights load (a written checkpoint, --model-shape full-weights): vLLM's default
+    # safetensors loader against the Run:ai streamer.
+    "bf16-eager-runai": {"enforce_eager": True, "load_format": "runai_streamer"},
 }
 # A few requests of each kind before measuring (first calls compile kernels).
 WARM_UP = bench.Workload(window_s=3, streams=2, long_prompts=1, first_long_at_s=0.5)
@@ -60,7 +63,7 @@ def _model(args: argparse.Namespace, work: Path, model_source: str = "") -> tupl
     if model_source in CATALOG:
         return catalog_checkpoint.build((work / model_source.replace("/", "--")).resolve(), model_source), True
     directory = qwen35_checkpoint.build((work / f"qwen3.5-{args.model_shape}").resolve(), args.model_shape)
-    return directory, args.model_shape == "full"
+    return directory, args.model_shape == "full"  # tiny and full-weights carry their weights
 
 
 def _deployed(template: Path) -> tuple[dict[str, Any], dict[str, Any], str]:

@@ -146,6 +146,7 @@ _FIGURES = {
     "num_blocks": r"Hybrid SSM registration: num_blocks=(\d+)",
     "cudagraph_gib": r"GiB for non-torch memory, and ([\d.]+) GiB for CUDAGraph memory",
     "startup_s": r"STARTUP_S ([\d.]+)",
+    "load_s": r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds",
 }
 
 

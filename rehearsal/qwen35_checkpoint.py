@@ -7,6 +7,8 @@ as; it registers no text-only Qwen3.5 causal LM):
   (seeded, so every engine loads the same numbers and PD and colocated outputs can be compared).
 - ``full``: the 9B's shape; config and tokenizer only, served with ``load_format: dummy`` (vLLM
   fills the weights), for memory and speed figures.
+- ``full-weights``: the 9B's shape with seeded random weights written as safetensors (about
+  19 GB), for timing how a real checkpoint loads.
 
 Both carry the 9B's ``mamba_ssm_dtype: float32`` (the Qwen3.5 family ships it; vLLM 0.26 then
 keeps the Gated DeltaNet state in float32, which doubles the Mamba page and so the attention
@@ -22,7 +24,7 @@ from typing import Any
 
 from . import tiny_checkpoint
 
-SHAPES = ("tiny", "full")
+SHAPES = ("tiny", "full", "full-weights")
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 
 # Qwen3.5-9B's text model (transformers' Qwen3_5TextConfig defaults are this model; rope and
@@ -101,7 +103,7 @@ def model_config(shape: str, token_ids: dict[str, int]) -> dict[str, Any]:
     """The checkpoint's config.json: text and vision config for ``shape``, the tokenizer's ids."""
     if shape not in SHAPES:
         raise ValueError(f"model shape {shape!r}: use one of {', '.join(SHAPES)}")
-    text, vision = (TINY_TEXT, TINY_VISION) if shape == "tiny" else (FULL_TEXT, FULL_VISION)
+    text, vision = (TINY_TEXT, TINY_VISION) if shape == "tiny" else (FULL_TEXT, FULL_VISION)  # full, full-weights
     text = copy.deepcopy(text)
     text.update(eos_token_id=token_ids["<|im_end|>"], pad_token_id=token_ids["<|endoftext|>"])
     return {
@@ -129,8 +131,8 @@ def _tokenizer(out: Path) -> dict[str, int]:
 
 
 def build(out: Path, shape: str, seed: int = 0) -> Path:
-    """Write ``shape``'s checkpoint into ``out`` (idempotent). ``tiny`` gets seeded random
-    weights; ``full`` none (serve it with ``load_format: dummy``)."""
+    """Write ``shape``'s checkpoint into ``out`` (idempotent). ``tiny`` and ``full-weights`` get
+    seeded random weights; ``full`` none (serve it with ``load_format: dummy``)."""
     if (out / "config.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
@@ -138,7 +140,7 @@ def build(out: Path, shape: str, seed: int = 0) -> Path:
     (out / "preprocessor_config.json").write_text(json.dumps(IMAGE_PROCESSOR, indent=2))
     (out / "video_preprocessor_config.json").write_text(json.dumps(VIDEO_PROCESSOR, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": config["text_config"]["eos_token_id"]}))
-    if shape == "tiny":
+    if shape in ("tiny", "full-weights"):
         import torch
         from transformers import AutoConfig, AutoModelForImageTextToText
 

@@ -21,6 +21,7 @@ from moto import mock_aws
 from support import NO_AWS_ENV, P5_CLASS, ROOT, synth_assembly
 
 from eks_pd_serving.assembly import field_diff
+from eks_pd_serving.catalog import MODELS
 from eks_pd_serving.cli import cost, preflight, verify
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.lifecycle.needs import named_log_groups
@@ -625,3 +626,15 @@ def test_preflight_fails_values_the_addons_schema_refuses_and_names_where() -> N
     client, _ = addon_client(["v6.4.0-eksbuild.1"], strict)
     _, passed, detail = preflight.check_cloudwatch_addon(client, DeploymentConfig.create(), "us-east-1")
     assert not passed and "at agents/2" in detail and "'prometheus' was unexpected" in detail
+
+
+def test_sizing_prints_the_cold_start_with_and_without_staging() -> None:
+    """Qwen3.5-9B's 18.0 GB text checkpoint at $0.045/GB of NAT processing: $0.81 an engine start
+    from Hugging Face, nothing through the S3 gateway endpoint."""
+    from eks_pd_serving.cli.sizing_cmd import cold_start
+
+    staged = cold_start(DeploymentConfig.create(), MODELS["Qwen/Qwen3.5-9B"])
+    direct = cold_start(DeploymentConfig.create(weights_source="huggingface"), MODELS["Qwen/Qwen3.5-9B"])
+    assert "no NAT bytes (was 18.0 GB, $0.81, through the NAT from Hugging Face)" in staged[0]
+    assert "from Hugging Face through the NAT: 18.0 GB, $0.81 of NAT processing per start" in direct[0]
+    assert "about 13 s" in staged[1]

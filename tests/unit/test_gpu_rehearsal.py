@@ -104,23 +104,33 @@ PROFILES = {
     # the 9B as shipped (mamba_ssm_dtype float32): `make emulate-gpu`, 2026-11-30
     "ssm-float32-text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.09, "kv_tokens": 48034,
                               "concurrency": 11.73, "block_tokens": 528, "num_blocks": 129, "non_torch_gib": 0.22,
-        "cudagraph_gib": 0.0},
+        "cudagraph_gib": 0.0, "load_s": 0.35123},
     "ssm-float32-multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.31, "kv_tokens": 7074,
                                "concurrency": 1.73, "block_tokens": 528, "num_blocks": 19, "non_torch_gib": 0.22,
-        "cudagraph_gib": 0.0},
+        "cudagraph_gib": 0.0, "load_s": 0.464241},
     # an earlier run with the state in bfloat16
     "text-only": {"weights_gib": 16.8, "activation_peak_gib": 1.0, "kv_gib": 2.0, "kv_tokens": 51738,
                   "concurrency": 12.63, "block_tokens": 272, "num_blocks": 240, "non_torch_gib": 0.23,
-        "cudagraph_gib": 0.0},
+        "cudagraph_gib": 0.0, "load_s": 0.411629},
     "multimodal": {"weights_gib": 17.66, "activation_peak_gib": 1.92, "kv_gib": 0.22, "kv_tokens": 5605,
                    "concurrency": 1.37, "block_tokens": 272, "num_blocks": 26, "non_torch_gib": 0.23,
-        "cudagraph_gib": 0.0},
+        "cudagraph_gib": 0.0, "load_s": 0.374798},
 }  # fmt: skip
 
 
 @pytest.mark.parametrize("log", sorted(PROFILES))
 def test_vllms_profiler_log_is_read_figure_by_figure(log: str) -> None:
     assert gpu_profile.vllm_figures((FIXTURES / f"vllm-0.26.0-profile-{log}.log").read_text()) == PROFILES[log]
+
+
+def test_the_load_time_is_read_from_both_model_runners_lines() -> None:
+    """vLLM 0.26's model runner v1 says "GiB memory and", v2 (dense Llama) "GiB and"."""
+    v1 = "Model loading took 56.88 GiB memory and 0.660800 seconds"
+    v2 = "Model loading took 15.0 GiB and 1.738765 seconds"
+    assert [gpu_profile.vllm_figures(line) for line in (v1, v2)] == [
+        {"weights_gib": 56.88, "load_s": 0.6608},
+        {"weights_gib": 15.0, "load_s": 1.738765},
+    ]
 
 
 def test_a_log_without_the_profiler_lines_yields_no_figures() -> None:

@@ -96,6 +96,14 @@ class ModelFacts:
         return self.linear_params + embeddings + router
 
     @property
+    def checkpoint_gb(self) -> float:
+        """The text model's checkpoint, GB: two bytes a weight, or one for the Linear and expert
+        weights of an FP8 checkpoint (what staging copies and an engine start moves)."""
+        if self.checkpoint_quantization == "fp8":
+            return (self.linear_params + 2 * (self.params - self.linear_params)) / 1e9
+        return 2 * self.params / 1e9
+
+    @property
     def linear_layers(self) -> int:
         return self.num_layers - self.full_attention_layers
 

@@ -122,22 +122,12 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
     return lines, label
 
 
-def checkpoint_gb(model_source: str) -> float | None:
-    """The staged checkpoint's size, GB, from the catalogue (bf16; FP8 checkpoints one byte per
-    Linear weight); None for a model outside it."""
-    facts = MODELS.get(model_source)
-    if facts is None:
-        return None
-    if facts.checkpoint_quantization == "fp8":
-        return (facts.linear_params + 2 * (facts.params - facts.linear_params)) / 1e9
-    return 2 * facts.params / 1e9
-
-
 def _weights(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:
     """The staged weights in the model bucket (S3 Standard), one copy per revision staged."""
     lines = []
     for staged in (r["Properties"] for r in resources if r["Type"] == "Custom::ModelWeights"):
-        size = checkpoint_gb(str(staged["Model"]))
+        facts = MODELS.get(str(staged["Model"]))
+        size = facts.checkpoint_gb if facts else None
         note = "one copy per revision staged" if size else "model outside the catalogue: size unknown"
         lines.append(Line("Model weights in S3", round(size or 0, 1), prices["s3_gb_month"] / HOURS_30_DAYS, note))
     return lines

@@ -57,7 +57,41 @@ def run(args: argparse.Namespace) -> int:
             ok = False
             console.print(f"  [red]does not fit:[/red] {problem}")
     console.print(what_if(config, facts))
+    for line in cold_start(config, facts):
+        console.print(line)
     return 0 if ok else 1
+
+
+# NAT gateway data processing, $/GB (us-east-1); the S3 gateway endpoint has no data charge.
+NAT_PER_GB = 0.045
+# Measured (docs/gpu-runs/2026-12-01/weights-loading/): the 9B's 16.8 GiB of text weights from a
+# local disk, page cache dropped, one H200 host: vLLM's default loader 12.7 s, the Run:ai streamer
+# 11.8 s (1.6 GiB/s). Download time from S3 or Hugging Face was not measured here.
+LOCAL_LOAD_GIB_PER_S = 16.8 / 12.7
+
+
+def cold_start(config: DeploymentConfig, facts: ModelFacts) -> list[str]:
+    """What one engine start moves and costs before it serves: the checkpoint's bytes, the NAT's
+    charge for them (weights_source=huggingface) or none (s3, through the gateway endpoint), and
+    the local load at the measured rate (an estimate for other models)."""
+    size_gb = (
+        2 * facts.params / 1e9
+        if facts.checkpoint_quantization != "fp8"
+        else ((facts.linear_params + 2 * (facts.params - facts.linear_params)) / 1e9)
+    )
+    nat = size_gb * NAT_PER_GB
+    where = (
+        f"from the stack's bucket through the S3 gateway endpoint: no NAT bytes (was {size_gb:.1f} GB, "
+        f"${nat:.2f}, through the NAT from Hugging Face); staged once per revision by a job outside the VPC"
+        if config.weights_source == "s3"
+        else f"from Hugging Face through the NAT: {size_gb:.1f} GB, ${nat:.2f} of NAT processing per start"
+    )
+    load = size_gb * 1e9 / 1024**3 / LOCAL_LOAD_GIB_PER_S
+    return [
+        f"[bold]cold start[/bold], per engine start: the checkpoint is {size_gb:.1f} GB; {where}",
+        f"  then vLLM loads it from the node's disk in about {load:.0f} s (measured 12.7 s for Qwen3.5-9B; "
+        "scaled by size, an estimate); the image pull and the engine's own start come on top",
+    ]
 
 
 def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[str, bool, Sizing]]:
