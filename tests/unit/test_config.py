@@ -245,3 +245,10 @@ def test_other_models_skip_the_hybrid_rule() -> None:
         prefill_tensor_parallel_size=2,
     )
     assert config.gpus_wanted == 3
+
+
+def test_multimodal_pd_is_warned_about_as_unverified_upstream() -> None:
+    """vLLM 0.26's NIXL compatibility matrix marks multimodal models under PD as not yet verified."""
+    assert not [w for w in DeploymentConfig.create().warnings() if w.startswith("multimodal=true")]
+    warned = [w for w in DeploymentConfig.create(multimodal=True).warnings() if w.startswith("multimodal=true")]
+    assert len(warned) == 1 and "not yet verified upstream" in warned[0]
