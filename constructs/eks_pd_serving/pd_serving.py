@@ -72,7 +72,15 @@ class PdServing(Construct):
             vpc=self.network.vpc,
             log_groups=self.log_groups,
         )
-        for warning in config.warnings():
+        warnings = config.warnings()
+        if vpc is not None and config.weights_source == "s3":
+            warnings.append(
+                "weights_source=s3 with a brought VPC: the engines read the weights from S3 over the VPC's own routes; "
+                "without an S3 gateway endpoint on its private route tables every engine start crosses its NAT. "
+                "Add one (aws ec2 create-vpc-endpoint --vpc-endpoint-type Gateway "
+                "--service-name com.amazonaws.<region>.s3)."
+            )
+        for warning in warnings:
             Annotations.of(self.eks).add_warning_v2("eks-pd-serving:config", warning)
         self.eks.cluster.node.add_dependency(self.capacity_check)
         cluster = self.eks.cluster

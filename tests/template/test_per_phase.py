@@ -164,6 +164,16 @@ def test_an_existing_vpc_is_used_and_no_vpc_is_created() -> None:
         assert ng["Properties"]["Subnets"] == ["subnet-00000000000000000"]
 
 
+def test_an_existing_vpc_is_warned_about_its_s3_route() -> None:
+    """Its owner's routes carry the weights: synth says what it needs (a gateway endpoint)."""
+    from aws_cdk.assertions import Annotations, Match
+
+    stack = cdk.Stack(new_app(), "ByoS3")
+    PdServing(stack, "PdServing", config=DeploymentConfig(), vpc=brought_vpc(stack))
+    Annotations.from_stack(stack).has_warning("*", Match.string_like_regexp("weights_source=s3 with a brought VPC"))
+    Template.from_stack(stack).resource_count_is("AWS::EC2::VPCEndpoint", 0)
+
+
 def test_an_existing_vpc_honours_the_gpu_az() -> None:
     stack = cdk.Stack(new_app(), "Byo")
     config = DeploymentConfig.create(availability_zones="us-east-1a,us-east-1b", gpu_availability_zone="us-east-1b")
