@@ -49,13 +49,15 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     return env
 
 
-def local_profile(deployed: dict[str, Any], checkpoint: Path) -> dict[str, Any]:
-    """The deployed serve config with the documented local substitutions, nothing else."""
+def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str | None = None) -> dict[str, Any]:
+    """The deployed serve config with the documented local substitutions, nothing else:
+    ``model_source`` (the staged copy in a local S3, when the deployment loads from S3) or the
+    checkpoint's directory."""
     local = copy.deepcopy(deployed)
     for app in local["applications"]:
         for side in ("prefill_config", "decode_config"):
             llm = app["args"][side]
-            llm["model_loading_config"]["model_source"] = str(checkpoint)
+            llm["model_loading_config"]["model_source"] = model_source or str(checkpoint)
             scaling = llm["deployment_config"].get("autoscaling_config")
             if scaling:
                 scaling["upscale_delay_s"] = LOCAL_UPSCALE_DELAY_S

@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import profile, tiny_checkpoint
-from .harness import LOCAL_ENV, log, rehearse_and_judge
+from . import profile, s3_weights, tiny_checkpoint
+from .harness import LOCAL_ENV, free_port, log, rehearse_and_judge
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,20 +41,51 @@ def main(argv: list[str] | None = None) -> int:
     ray_service = profile.ray_service_from_template(args.template)
     deployed = profile.serve_config(ray_service)
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
-    rehearsed = profile.local_profile(deployed, checkpoint)
+    (app,) = deployed["applications"]
+    source = app["args"]["decode_config"]["model_loading_config"]["model_source"]
+    if not source.startswith("s3://"):
+        return _rehearse(args, ray_service, deployed, checkpoint, None, started)
+    # weights_source=s3: the checkpoint staged where the serve config points, in a local S3.
+    with s3_weights.staged(checkpoint, source, args.report.parent.resolve(), free_port()) as weights:
+        return _rehearse(args, ray_service, deployed, checkpoint, weights, started)
+
+
+def _rehearse(
+    args: argparse.Namespace,
+    ray_service: dict[str, Any],
+    deployed: dict[str, Any],
+    checkpoint: Path,
+    weights: s3_weights.StagedWeights | None,
+    started: float,
+) -> int:
+    rehearsed = profile.local_profile(deployed, checkpoint, weights.uri if weights else None)
     if args.serve_config:
         import yaml
 
         rehearsed = yaml.safe_load(args.serve_config.read_text())
     log("== deployed vs rehearsed serve config")
     log(profile.diff(deployed, rehearsed) or "(identical)")
-    env = {**profile.worker_env(ray_service), **LOCAL_ENV}
+    env = {**profile.worker_env(ray_service), **LOCAL_ENV, **(weights.env if weights else {})}
     log(f"== worker env: {json.dumps(env, sort_keys=True)}")
     (app,) = deployed["applications"]
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
-    return rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report)
+    status = rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report)
+    if weights is None or args.serve_config:
+        return status
+    # Proof of the S3 path: Ray's mirror wrote this run's snapshot (a fresh hash, a cache of the
+    # run's own, Hugging Face offline), byte for byte the staged weights.
+    from_s3 = weights.loaded_from_s3(model_id, checkpoint)
+    log(f"{'ok' if from_s3 else 'FAIL'}: the engines' weights came from {weights.uri} (snapshot {weights.sha})")
+    recorded_report = json.loads(args.report.read_text())
+    recorded_report["weights"] = {
+        "source": weights.uri,
+        "snapshot": str(weights.snapshot(model_id)),
+        "from_s3": from_s3,
+    }
+    args.report.write_text(json.dumps(recorded_report, indent=2))
+    return status if from_s3 else (status or 1)
 
 
 if __name__ == "__main__":

@@ -81,6 +81,11 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     assert "+            - UCX" in result.stdout or "+        - UCX" in result.stdout  # the diff was shown
     assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local autoscaling change, shown
     report = json.loads((tmp_path / "report.json").read_text())
+    # The weights took the deployed S3 path (moto's server, the deployed prefix, HF offline): Ray's
+    # mirror wrote this run's own snapshot, byte for byte the staged checkpoint.
+    assert report["weights"]["from_s3"] is True
+    assert report["weights"]["source"] == "s3://rehearsal-model-weights/models/Qwen/Qwen3.5-9B/main"
+    assert "ok: the engines' weights came from s3://rehearsal-model-weights/" in result.stdout
     requests = report["pd"]["requests"]
     assert [r["kind"] for r in requests].count("stream") == 4
     for request in requests:

@@ -166,3 +166,25 @@ def test_the_autoscaling_verdict_needs_kv_on_the_added_replica() -> None:
     missing = _autoscale_report(88.0)
     missing["engine"]["external_kv_tokens"] -= 1  # one prompt token recomputed instead of pulled
     assert not autoscale.judge(missing, scaling)[0]
+
+
+def test_the_s3_rehearsal_stages_under_the_deployed_prefix_and_proves_the_copy(tmp_path: Path) -> None:
+    """The deployed bucket is a Ref (shown <LogicalId>); the prefix is kept. The proof holds only
+    when the run's snapshot has the checkpoint's weights byte for byte."""
+    from rehearsal import s3_weights
+
+    assert s3_weights.prefix_of("s3://<PdServingModelWeightsBucket7E6EBD1E>/models/Qwen/Qwen3.5-9B/main") == (
+        "models/Qwen/Qwen3.5-9B/main"
+    )
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    (checkpoint / "model.safetensors").write_bytes(b"weights")
+    staged = s3_weights.StagedWeights(uri="s3://b/p", env={}, sha="abc", cache=tmp_path / "cache")
+    assert not staged.loaded_from_s3("qwen3.5-9b", checkpoint)  # nothing downloaded
+    snapshot = staged.snapshot("qwen3.5-9b")
+    assert snapshot == tmp_path / "cache" / "models--qwen3.5-9b" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "model.safetensors").write_bytes(b"other")
+    assert not staged.loaded_from_s3("qwen3.5-9b", checkpoint)  # not the staged bytes
+    (snapshot / "model.safetensors").write_bytes(b"weights")
+    assert staged.loaded_from_s3("qwen3.5-9b", checkpoint)

@@ -1,0 +1,74 @@
+"""The deployed weights path on this machine: moto's S3 server on 127.0.0.1 holds the checkpoint
+under the deployed prefix, laid out as the staging job lays it (the files, ``hash``, ``.staged``);
+the engines load it through the deployed serve config's ``model_source`` (Ray Serve LLM's S3
+mirror, boto3), with Hugging Face offline and a cache of the run's own, so nothing else can
+serve the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# The deployed bucket is the stack's (its name is a CloudFormation Ref); here it is this one.
+BUCKET = "rehearsal-model-weights"
+_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal", "AWS_REGION": "us-east-1"}
+
+
+@dataclass(frozen=True)
+class StagedWeights:
+    uri: str  # what the rehearsed serve config's model_source becomes
+    env: dict[str, str]  # for Ray's workers: moto's endpoint, dummy credentials, HF offline
+    sha: str  # the run's own snapshot id (the ``hash`` object)
+    cache: Path  # the run's Hugging Face cache, where Ray's mirror writes the snapshot
+
+    def snapshot(self, model_id: str) -> Path:
+        """Where Ray's S3 mirror puts the files (huggingface_hub's cache layout)."""
+        return self.cache / f"models--{model_id.replace('/', '--')}" / "snapshots" / self.sha
+
+    def loaded_from_s3(self, model_id: str, checkpoint: Path) -> bool:
+        """Ray's mirror wrote this run's snapshot, byte for byte the checkpoint's weights."""
+        weights = sorted(checkpoint.glob("*.safetensors"))
+        copies = [self.snapshot(model_id) / w.name for w in weights]
+        return bool(weights) and all(
+            c.is_file() and _digest(c) == _digest(w) for c, w in zip(copies, weights, strict=True)
+        )
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def prefix_of(model_source: str) -> str:
+    """The deployed ``s3://<bucket>/<prefix>``'s prefix."""
+    return model_source.removeprefix("s3://").split("/", 1)[1]
+
+
+@contextlib.contextmanager
+def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Iterator[StagedWeights]:
+    """moto's S3 server with ``checkpoint`` staged under the deployed prefix, for the block."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal")  # fmt: skip
+        s3.create_bucket(Bucket=BUCKET)
+        prefix, sha = prefix_of(deployed_source), uuid.uuid4().hex
+        for path in sorted(p for p in checkpoint.iterdir() if p.is_file()):
+            s3.upload_file(str(path), BUCKET, f"{prefix}/{path.name}")
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/hash", Body=sha.encode())
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/.staged", Body=b"rehearsal")
+        cache = work / f"hf-cache-{sha[:8]}"
+        cache.mkdir(parents=True, exist_ok=True)
+        env = {**_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+        yield StagedWeights(uri=f"s3://{BUCKET}/{prefix}", env=env, sha=sha, cache=cache)
+    finally:
+        server.stop()
