@@ -44,6 +44,7 @@ PRICES: dict[str, dict[str, float]] = {
         "eks_hour": 0.10,
         "eks_extended_hour": 0.60,
         "nat_hour": 0.045,
+        "nat_gb": 0.045,
         "gp3_gb_month": 0.08,
         "s3_gb_month": 0.023,  # S3 Standard, first 50 TB (public pricing page, as recalled: not fetched here)
         "kms_key_month": 1.00,
@@ -95,7 +96,7 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
         note = f"{version}, {'extended' if extended else 'standard'} support"
         lines.append(Line("EKS control plane", 1, price, note))
     nats = sum(r["Type"] == "AWS::EC2::NatGateway" for r in resources)
-    lines.append(Line("NAT gateway", nats, prices["nat_hour"], "plus $0.045/GB processed (not included)"))
+    lines.append(Line("NAT gateway", nats, prices["nat_hour"], f"plus ${prices['nat_gb']}/GB processed (not included)"))
     for group in (r["Properties"] for r in resources if r["Type"] == "AWS::EKS::Nodegroup"):
         (instance,) = group["InstanceTypes"]
         scaling = group["ScalingConfig"]

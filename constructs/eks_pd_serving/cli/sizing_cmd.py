@@ -19,6 +19,7 @@ from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
 from ..sizing import GIB, QUANTIZATIONS, Sizing, size
 from ._common import add_config_arguments, console, load_config, table
+from .cost import PRICES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -62,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-# NAT gateway data processing, $/GB (us-east-1); the S3 gateway endpoint has no data charge.
-NAT_PER_GB = 0.045
+# NAT gateway data processing, $/GB (cost's us-east-1 table); the S3 gateway endpoint has no data charge.
+NAT_PER_GB = PRICES["us-east-1"]["nat_gb"]
 # Measured (docs/gpu-runs/2026-12-01/weights-loading/): the 9B's 16.8 GiB of text weights from a
 # local disk, page cache dropped, one H200 host: vLLM's default loader 12.7 s, the Run:ai streamer
 # 11.8 s (1.6 GiB/s). Download time from S3 or Hugging Face was not measured here.

@@ -189,13 +189,10 @@ class ModelWeights(Construct):
         )
         nag.acknowledge(function, nag.WEIGHTS_FUNCTION)
         nag.acknowledge(complete, nag.weights_is_complete(self.bucket))
-        for fn in provider.node.find_all():
+        # The two handlers and the provider's framework functions: all outside the VPC.
+        for fn in (*function.node.find_all(), *complete.node.find_all(), *provider.node.find_all()):
             if isinstance(fn, lambda_.CfnFunction):
                 checkov.skip(fn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
-        for handler_fn in (function, complete):
-            cfn = handler_fn.node.default_child
-            assert isinstance(cfn, lambda_.CfnFunction)
-            checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
         nag.acknowledge(provider, nag.waiting_provider_framework(provider, function, complete))
         waiter_policy = provider.node.find_child("waiter-state-machine").node.find_child("Role")
         policy = waiter_policy.node.find_child("DefaultPolicy").node.default_child
