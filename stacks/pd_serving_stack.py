@@ -57,12 +57,27 @@ class PdServingStack(Stack):
                 "DashboardUrl",
                 value=f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{name}",
             )
+        keys = self.serving.api_keys
+        auth = ""
+        if keys is not None:
+            CfnOutput(self, "ApiKeysSecretArn", value=keys.secret_arn)
+            # The command prints the first key; applications get their own (docs/features/api-keys.md).
+            CfnOutput(
+                self,
+                "ApiKeyCommand",
+                value=(
+                    f"aws secretsmanager get-secret-value --region {region} --secret-id {keys.secret_arn} "
+                    "--query SecretString --output text "
+                    "| python3 -c 'import json,sys; print(next(iter(json.load(sys.stdin).values())))'"
+                ),
+            )
+            auth = '-H "Authorization: Bearer $API_KEY" '
         CfnOutput(
             self,
             "ChatCompletionsCurl",
             value=(
                 f"curl -s http://localhost:{SERVE_PORT}/v1/chat/completions "
-                "-H 'Content-Type: application/json' "
+                f"{auth}-H 'Content-Type: application/json' "
                 f"""-d '{{"model": "{props.model.model_id}", "messages": """
                 """[{"role": "user", "content": "Hello"}], "max_tokens": 64}'"""
             ),

@@ -14,6 +14,7 @@ from .catalog import InstanceFacts
 from .cluster import EksClusterProps
 from .config import DeploymentConfig
 from .k8s import (
+    ApiKeysSpec,
     EngineSpec,
     KvTransferSpec,
     ModelSpec,
@@ -94,16 +95,34 @@ def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
     )
 
 
-def worker_service_account(config: DeploymentConfig) -> str | None:
+def worker_service_account(config: DeploymentConfig) -> str:
     """The Ray workers' service account, which EKS Pod Identity lets read the staged weights
-    (weights_source=s3); None: the namespace's default one."""
-    return f"{config.ray_service_name}-workers" if config.weights_source == "s3" else None
+    (weights_source=s3) and the API key secret (api_keys). In every configuration, so a setting
+    that flips never removes it from the manifest (kubectl's prune keeps ServiceAccounts)."""
+    return f"{config.ray_service_name}-workers"
 
 
-def ray_service_props(config: DeploymentConfig, image: str, weights_uri: str | None = None) -> RayServiceProps:
+def head_service_account(config: DeploymentConfig) -> str:
+    """The Ray head's service account, which EKS Pod Identity lets read the API key secret (its
+    Serve proxy checks keys too); in every configuration, as the workers'."""
+    return f"{config.ray_service_name}-head"
+
+
+def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> ApiKeysSpec | None:
+    if secret_arn is None:
+        return None
+    return ApiKeysSpec(secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s)
+
+
+def ray_service_props(
+    config: DeploymentConfig, image: str, weights_uri: str | None = None, api_keys_secret_arn: str | None = None
+) -> RayServiceProps:
     """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
-    through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself."""
+    through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself.
+    ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check."""
     facts = config.model_facts
+    api_keys = api_keys_spec(config, api_keys_secret_arn)
+    aws_calls = bool(weights_uri or api_keys)
     return RayServiceProps(
         name=config.ray_service_name,
         namespace=config.namespace,
@@ -131,6 +150,8 @@ def ray_service_props(config: DeploymentConfig, image: str, weights_uri: str | N
         system_node_selector=dict(SYSTEM_NODE_LABELS),
         upgrade_strategy=config.ray_upgrade_strategy,
         autoscaler=RayAutoscalerSpec() if config.autoscaling else None,
-        worker_service_account=worker_service_account(config) if weights_uri else None,
-        aws_region=region(config) if weights_uri else None,
+        head_service_account=head_service_account(config),
+        worker_service_account=worker_service_account(config),
+        aws_region=region(config) if aws_calls else None,
+        api_keys=api_keys,
     )

@@ -17,6 +17,7 @@ from .cluster import EksCluster
 from .cluster_autoscaler import ClusterAutoscaler
 from .config import ConfigError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
+from .endpoint.api_keys import ApiKeys
 from .endpoint.internal_endpoint import InternalEndpoint
 from .endpoint.load_balancer_controller import AwsLoadBalancerController
 from .endpoint.serving_network import ServingNetwork
@@ -121,10 +122,17 @@ class PdServing(Construct):
             )
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
         weights = self._stage_weights(config)
+        self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=config.api_keys_secret_arn) if config.api_keys_on else None
+        access = self._grant_ray_pods(config)
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
-            props=mapping.ray_service_props(config, mapping.image(config), weights.uri if weights else None),
+            props=mapping.ray_service_props(
+                config,
+                mapping.image(config),
+                weights.uri if weights else None,
+                self.api_keys.secret_arn if self.api_keys else None,
+            ),
             cluster=cluster,
             depends_on=[
                 self.kuberay,
@@ -132,8 +140,10 @@ class PdServing(Construct):
                 self.eks.system_nodes,
                 *gpu_nodegroups,
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
-                # The engines start once the weights are staged and their pods may read them.
-                *([weights.resource, self.weights_access] if weights and self.weights_access else []),
+                # The engines start once the weights are staged; the pods get AWS credentials only if
+                # their Pod Identity associations exist when they start.
+                *([weights.resource] if weights else []),
+                *access,
             ],
         )
         self._observe(config)
@@ -142,12 +152,9 @@ class PdServing(Construct):
         self.log_groups.adopt_lambda_logs(self)
 
     def _stage_weights(self, config: DeploymentConfig) -> ModelWeights | None:
-        """With ``weights_source=s3``: the bucket, the staging job the deploy waits for, and Pod
-        Identity for the Ray workers' service account, reading the staged prefix only."""
+        """With ``weights_source=s3``: the bucket and the staging job the deploy waits for."""
         self.weights: ModelWeights | None = None
-        self.weights_access: eks.CfnPodIdentityAssociation | None = None
-        service_account = mapping.worker_service_account(config)
-        if service_account is None:
+        if config.weights_source != "s3":
             return None
         self.weights = ModelWeights(
             self,
@@ -158,17 +165,38 @@ class PdServing(Construct):
             hf_token_secret=config.hf_token_secret,
             removal=config.model_bucket_removal,
         )
-        scope = Construct(self, "WorkerIdentity")
-        role, self.weights_access = pod_identity_role(
-            scope,
-            cluster=self.eks.cluster,
-            namespace=config.namespace,
-            service_account=service_account,
-            description="Ray workers: read the staged model weights",
-        )
-        self.weights.grant_read(role)
-        nag.acknowledge(role, nag.model_readers(self.weights.bucket, self.weights.prefix))
         return self.weights
+
+    def _grant_ray_pods(self, config: DeploymentConfig) -> list[eks.CfnPodIdentityAssociation]:
+        """EKS Pod Identity for the Ray pods' service accounts: the workers read the staged prefix
+        and the key secret, the head only the key secret. The associations, for the RayService to
+        wait on."""
+        self.weights_access: eks.CfnPodIdentityAssociation | None = None
+        self.head_access: eks.CfnPodIdentityAssociation | None = None
+        workers, head = mapping.worker_service_account(config), mapping.head_service_account(config)
+        if self.weights or self.api_keys:
+            role, self.weights_access = pod_identity_role(
+                Construct(self, "WorkerIdentity"),
+                cluster=self.eks.cluster,
+                namespace=config.namespace,
+                service_account=workers,
+                description=_identity_description("Ray workers", bool(self.weights), bool(self.api_keys)),
+            )
+            if self.weights:
+                self.weights.grant_read(role)
+                nag.acknowledge(role, nag.model_readers(self.weights.bucket, self.weights.prefix))
+            if self.api_keys:
+                self.api_keys.grant_read(role)
+        if self.api_keys:
+            role, self.head_access = pod_identity_role(
+                Construct(self, "HeadIdentity"),
+                cluster=self.eks.cluster,
+                namespace=config.namespace,
+                service_account=head,
+                description=_identity_description("Ray head", False, True),
+            )
+            self.api_keys.grant_read(role)
+        return [access for access in (self.weights_access, self.head_access) if access]
 
     def _observe(self, config: DeploymentConfig) -> None:
         """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before
@@ -247,6 +275,7 @@ class PdServing(Construct):
                 namespace=namespace,
                 subnet_ids=tuple(private.subnet_ids),
                 client_cidrs=client_cidrs,
+                tls_certificate_arn=config.tls_certificate_arn,
             ),
             cluster=self.eks.cluster,
             controller=self.load_balancer_controller,
@@ -275,6 +304,13 @@ class PdServing(Construct):
                     f"cluster_name={self.config.cluster_name!r} is already used by {other.node.path} in this app. "
                     "Fix: give each deployment its own cluster_name"
                 )
+
+
+def _identity_description(pods: str, weights: bool, api_keys: bool) -> str:
+    reads = [
+        what for what, wanted in (("the staged model weights", weights), ("the API key secret", api_keys)) if wanted
+    ]
+    return f"{pods}: read {' and '.join(reads)}"
 
 
 def _subnet_cidr(subnet: ec2.ISubnet) -> str:

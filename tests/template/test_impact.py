@@ -74,8 +74,17 @@ def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesize
     result = impact(synthesized, "base", "internal")
     assert {c.action for c in result.changes} == {"add", "modify"}
     assert "helm install aws-load-balancer-controller" in [c.effect for c in result.changes]
-    (policy,) = result.objects
-    assert policy.object == "NetworkPolicy/inference/ray-serve-from-clients" and "no pod restarts" in policy.effect
+    objects: dict[str, str] = {}
+    for o in result.objects:
+        objects[o.object] = f"{objects.get(o.object, '')} {o.effect}"
+    assert "no pod restarts" in objects.pop("NetworkPolicy/inference/ray-serve-from-clients")
+    # API keys come on with the NLB: their code in a ConfigMap, and a pod change the running
+    # cluster does not take under upgradeStrategy None, which the impact says.
+    assert objects.pop("ConfigMap/inference/ray-llm-api-keys-code").strip() == "created by kubectl apply"
+    service = objects.pop("RayService/inference/ray-llm")
+    assert "not applied until the cluster is recreated" in service
+    assert "API key check turns on only in a RayCluster built from the new spec" in service
+    assert objects == {}
 
 
 def test_internal_exposure_off_deletes_the_service_before_the_controller(synthesized: dict[str, Path]) -> None:

@@ -78,7 +78,10 @@ def test_the_workers_read_the_staged_prefix_only_through_pod_identity(default: d
         spec = group["template"]["spec"]
         assert spec["serviceAccountName"] == "ray-llm-workers"
         assert {"name": "AWS_REGION", "value": "us-east-1"} in spec["containers"][0]["env"]
-    assert "serviceAccountName" not in service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]
+    # The head has its own account, with no AWS access in this configuration (no API keys).
+    assert (
+        service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["serviceAccountName"] == "ray-llm-head"
+    )
     (association,) = [a["Properties"] for a in resources_of_type(default, "AWS::EKS::PodIdentityAssociation").values()]
     assert (association["Namespace"], association["ServiceAccount"]) == ("inference", "ray-llm-workers")
     role_id = association["RoleArn"]["Fn::GetAtt"][0]

@@ -142,6 +142,15 @@ def published_policy_wildcards(document: dict[str, Any], source: str) -> dict[st
     return found
 
 
+API_KEYS_SECRET = {
+    f"{PACK}-SMG4": (
+        "The secret holds many keys, one per application; rotating means adding a key and removing the old "
+        "one when its users have moved (docs/features/api-keys.md). A rotation Lambda replacing the value "
+        "would revoke every application's key at once."
+    ),
+}
+
+
 MODEL_BUCKET_NO_ACCESS_LOGS = (
     "The model bucket holds public model weights; only the staging job writes and only the Ray workers' "
     "role reads one prefix. Server access logs would need a second bucket that outlives the stack; "

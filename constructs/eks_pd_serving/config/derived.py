@@ -41,6 +41,11 @@ def _facts_from_file(path: str) -> ModelFacts:
         ) from None
 
 
+def api_keys_on(s: Settings) -> bool:
+    """``api_keys``, or its default: on with the internal NLB, off with port-forward only."""
+    return s.endpoint_exposure == "internal" if s.api_keys is None else s.api_keys
+
+
 def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:
     """(fewest, most) replicas of ``phase``: the min/max settings with autoscaling (defaults
     1 and 2), else the fixed count twice."""

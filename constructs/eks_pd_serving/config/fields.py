@@ -25,6 +25,11 @@ HF_REVISION = re.compile(r"^[A-Za-z0-9._/-]{1,128}$")
 SECRET = re.compile(r"^(arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:)?[\w/+=.@-]{1,512}$")
 # Hugging Face user access tokens start with hf_ (then 34 letters).
 HF_TOKEN = re.compile(r"^hf_[A-Za-z0-9]{20,}$")
+# A secret's complete ARN ends in '-' and the six characters Secrets Manager adds to its name.
+SECRET_COMPLETE_ARN = re.compile(
+    r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[\w/+=.@-]{1,512}-[A-Za-z0-9]{6}$"
+)
+CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
 ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
 NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 
@@ -60,6 +65,9 @@ class FieldRules(BaseModel):
         "gpu_availability_zone",
         "admin_role_arn",
         "hf_token_secret",
+        "api_keys",
+        "api_keys_secret_arn",
+        "tls_certificate_arn",
         "image",
         "prefill_gpu_instance_type",
         "prefill_gpu_node_count",
@@ -164,6 +172,21 @@ class FieldRules(BaseModel):
             raise ValueError("this looks like a Hugging Face token itself, not the name of the secret holding it")
         if value is not None and not SECRET.match(value):
             raise ValueError("not a Secrets Manager secret name or ARN")
+        return value
+
+    @field_validator("api_keys_secret_arn", check_fields=False)
+    @classmethod
+    def _keys_secret(cls, value: str | None) -> str | None:
+        if value is not None and not SECRET_COMPLETE_ARN.match(value):
+            # A name or partial ARN would widen the pods' access to every secret it prefixes.
+            raise ValueError("not a secret's complete ARN (with the 6-character suffix)")
+        return value
+
+    @field_validator("tls_certificate_arn", check_fields=False)
+    @classmethod
+    def _certificate(cls, value: str | None) -> str | None:
+        if value is not None and not CERTIFICATE_ARN.match(value):
+            raise ValueError("not an ACM certificate ARN")
         return value
 
     @field_validator("admin_role_arn", check_fields=False)

@@ -61,6 +61,11 @@ class DeploymentConfig(Settings, FieldRules):
         return derived.gpus_for(self, phase, bound)
 
     @property
+    def api_keys_on(self) -> bool:
+        """Whether the endpoint checks API keys (``api_keys``, defaulted by the exposure)."""
+        return derived.api_keys_on(self)
+
+    @property
     def gpus_wanted(self) -> int:
         return self.gpus_for("prefill") + self.gpus_for("decode")
 

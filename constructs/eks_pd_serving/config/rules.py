@@ -72,6 +72,28 @@ def _check_endpoint(config: Settings) -> None:
         )
 
 
+def _check_api_keys(config: Settings) -> None:
+    internal = config.endpoint_exposure == "internal"
+    if config.tls_certificate_arn and not internal:
+        raise ValueError(
+            f"tls_certificate_arn={config.tls_certificate_arn!r} needs the internal NLB, not "
+            f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, or drop "
+            "tls_certificate_arn"
+        )
+    region = config.region
+    for key in ("api_keys_secret_arn", "tls_certificate_arn"):
+        arn = getattr(config, key)
+        if arn and region and arn.split(":")[3] != region:
+            raise ValueError(
+                f"{key}={arn!r} is in {arn.split(':')[3]}, not region={region!r}. Fix: use one in {region}"
+            )
+    if config.api_keys_secret_arn and not derived.api_keys_on(config):
+        raise ValueError(
+            f"api_keys_secret_arn={config.api_keys_secret_arn!r} is unused with api_keys off. Fix: set "
+            "api_keys=true, or drop api_keys_secret_arn"
+        )
+
+
 def _check_observability(config: Settings) -> None:
     if config.alarm_email and not config.observability:
         raise ValueError(
@@ -289,6 +311,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_azs,
     _check_nat_gateways,
     _check_endpoint,
+    _check_api_keys,
     _check_observability,
     _check_autoscaling,
     _check_upgrade_strategy,

@@ -473,6 +473,46 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("IPv4 CIDRs such as 10.0.0.0/16, comma-separated", means="the VPC's CIDR"),
     )
+    api_keys: bool | None = Field(
+        None,
+        description=(
+            "API keys on every route of the endpoint, checked by each Serve proxy before any engine work "
+            "(docs/features/api-keys.md); a request without a known key gets 401. The keys live in Secrets "
+            "Manager: api_keys_secret_arn, or a secret the stack creates with a generated first key."
+        ),
+        json_schema_extra=_hint("true or false", means="on with endpoint_exposure=internal, off with port-forward"),
+    )
+    api_keys_secret_arn: str | None = Field(
+        None,
+        description=(
+            "Complete ARN of your own Secrets Manager secret holding the keys (a JSON object of key id to key, "
+            "each key 32 or more characters). Only the Ray pods read it (EKS Pod Identity, this secret only)."
+        ),
+        json_schema_extra=_hint(
+            "a secret's complete ARN, arn:aws:secretsmanager:<region>:<account>:secret:<name>-<6 characters>",
+            means="a secret created by the stack, its first key generated (deleted on destroy)",
+        ),
+    )
+    api_keys_refresh_s: int = Field(
+        30,
+        ge=5,
+        le=3600,
+        description=(
+            "Seconds between each proxy's reads of the key secret: a key added or removed takes effect within "
+            "this, without a restart."
+        ),
+        json_schema_extra=_hint("a whole number of seconds from 5 to 3600"),
+    )
+    tls_certificate_arn: str | None = Field(
+        None,
+        description=(
+            "ACM certificate ARN: the internal NLB listens with TLS on 443 and plain HTTP is off "
+            "(endpoint_exposure=internal only)."
+        ),
+        json_schema_extra=_hint(
+            "an ACM certificate ARN, arn:aws:acm:<region>:<account>:certificate/<id>", means="plain HTTP on port 80"
+        ),
+    )
     ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
         "None",
         description=(

@@ -10,6 +10,7 @@ from .network import (
 from .ray_service import RayServiceChart
 from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import (
+    ApiKeysSpec,
     EngineSpec,
     KvTransferSpec,
     ModelSpec,
@@ -21,6 +22,7 @@ from .specs import (
 )
 
 __all__ = [
+    "ApiKeysSpec",
     "EndpointServiceChart",
     "EndpointServiceProps",
     "EngineSpec",

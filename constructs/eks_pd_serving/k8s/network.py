@@ -30,6 +30,9 @@ SERVING_HEAD_LABELS = {"ray.io/node-type": "head", "ray.io/serve": "true"}
 # The AWS Load Balancer Controller's own class: only this Service depends on the controller.
 NLB_CLASS = "service.k8s.aws/nlb"
 ENDPOINT_PORT = 80
+TLS_ENDPOINT_PORT = 443
+# TLS 1.3 and 1.2 only (the controller's default, ELBSecurityPolicy-2016-08, admits TLS 1.0).
+TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 METRICS_POLICY = "ray-metrics-from-scraper"
 # The lock-down's policies in every exposure (verify checks each is in the cluster).
 DEFAULT_DENY_POLICY = "default-deny-ingress"
@@ -67,6 +70,8 @@ class EndpointServiceProps:
     subnet_ids: tuple[str, ...]
     #: IPv4 CIDRs allowed through the NLB's security group.
     client_cidrs: tuple[str, ...]
+    #: An ACM certificate: the NLB ends TLS on 443 and has no plain-HTTP listener. Default: HTTP on 80.
+    tls_certificate_arn: str | None = None
 
 
 def _tcp(port: int) -> kplus.NetworkPolicyPort:
@@ -135,12 +140,23 @@ class EndpointServiceChart(cdk8s.Chart):
             # addresses, which is what ServingNetworkChart's serve-port policy admits.
             "service.beta.kubernetes.io/aws-load-balancer-target-group-attributes": "preserve_client_ip.enabled=false",
         }
+        port = kplus.ServicePort(name="http", port=ENDPOINT_PORT, target_port=SERVE_PORT)
+        if props.tls_certificate_arn:
+            # The NLB decrypts; it reaches the pods in plain HTTP inside the VPC, as without TLS.
+            annotations.update(
+                {
+                    "service.beta.kubernetes.io/aws-load-balancer-ssl-cert": props.tls_certificate_arn,
+                    "service.beta.kubernetes.io/aws-load-balancer-ssl-ports": "https",
+                    "service.beta.kubernetes.io/aws-load-balancer-ssl-negotiation-policy": TLS_POLICY,
+                }
+            )
+            port = kplus.ServicePort(name="https", port=TLS_ENDPOINT_PORT, target_port=SERVE_PORT)
         service = kplus.Service(
             self,
             "Endpoint",
             metadata=cdk8s.ApiObjectMetadata(name=props.name, annotations=annotations),
             type=kplus.ServiceType.LOAD_BALANCER,
-            ports=[kplus.ServicePort(name="http", port=ENDPOINT_PORT, target_port=SERVE_PORT)],
+            ports=[port],
             load_balancer_source_ranges=list(props.client_cidrs),
         )
         for key, value in {**RAY_NODE_LABELS, **SERVING_HEAD_LABELS}.items():

@@ -9,13 +9,19 @@ from __future__ import annotations
 from typing import Any
 
 import cdk8s
+import cdk8s_plus_35 as kplus
 from constructs import Construct
 
+from ..endpoint import proxy
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
 from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayAutoscalerSpec, RayServiceProps, WorkerGroupSpec
 
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
+# The API key check's code on the pods: its digest in the pod template makes new code a
+# deliberate RayCluster change (the proxies import it once, at start).
+API_KEYS_CODE = "eks-pd-serving/api-keys-code"
+_API_KEYS_VOLUME = "api-keys-code"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -40,13 +46,24 @@ class RayServiceChart(cdk8s.Chart):
             kind="Namespace",
             metadata=cdk8s.ApiObjectMetadata(name=props.namespace, labels=POD_SECURITY_LABELS),
         )
-        if props.worker_service_account:
-            cdk8s.ApiObject(
+        for construct_id, account in (
+            ("WorkerServiceAccount", props.worker_service_account),
+            ("HeadServiceAccount", props.head_service_account),
+        ):
+            if account:
+                cdk8s.ApiObject(
+                    self,
+                    construct_id,
+                    api_version="v1",
+                    kind="ServiceAccount",
+                    metadata=cdk8s.ApiObjectMetadata(name=account, namespace=props.namespace),
+                )
+        if props.api_keys:
+            kplus.ConfigMap(
                 self,
-                "WorkerServiceAccount",
-                api_version="v1",
-                kind="ServiceAccount",
-                metadata=cdk8s.ApiObjectMetadata(name=props.worker_service_account, namespace=props.namespace),
+                "ApiKeysCode",
+                metadata=cdk8s.ApiObjectMetadata(name=api_keys_config_map(props.name), namespace=props.namespace),
+                data={proxy.FILE_NAME: proxy.source()},
             )
         service = cdk8s.ApiObject(
             self,
@@ -56,6 +73,42 @@ class RayServiceChart(cdk8s.Chart):
             metadata=cdk8s.ApiObjectMetadata(name=props.name, namespace=props.namespace),
         )
         service.add_json_patch(cdk8s.JsonPatch.add("/spec", ray_service_spec(props)))
+
+
+def api_keys_config_map(ray_service_name: str) -> str:
+    return f"{ray_service_name}-api-keys-code"
+
+
+def _api_keys_env(props: RayServiceProps) -> list[dict[str, Any]]:
+    """Every Serve proxy (one per Ray pod) loads the check; none of this is a key."""
+    keys = props.api_keys
+    if keys is None:
+        return []
+    return [
+        {"name": proxy.CALLBACK_ENV, "value": proxy.CALLBACK},
+        {"name": "PYTHONPATH", "value": proxy.MOUNT_PATH},
+        {"name": proxy.SECRET_ENV, "value": keys.secret_arn},
+        {"name": proxy.REFRESH_ENV, "value": str(keys.refresh_s)},
+    ]
+
+
+def _with_api_keys(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` (a group's template) with the check's code mounted and its digest annotated."""
+    if props.api_keys is None:
+        return pod
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    container["volumeMounts"] = [
+        *container["volumeMounts"],
+        {"name": _API_KEYS_VOLUME, "mountPath": proxy.MOUNT_PATH, "readOnly": True},
+    ]
+    spec["volumes"] = [
+        *spec["volumes"],
+        {"name": _API_KEYS_VOLUME, "configMap": {"name": api_keys_config_map(props.name)}},
+    ]
+    metadata = pod.setdefault("metadata", {})
+    metadata["annotations"] = {**metadata.get("annotations", {}), API_KEYS_CODE: proxy.source_digest()}
+    return pod
 
 
 def serve_config_yaml(props: RayServiceProps) -> str:
@@ -97,26 +150,35 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
             "object-store-memory": str(props.head.object_store_bytes),
         },
         "serviceType": "ClusterIP",
-        "template": {
-            "spec": {
-                "nodeSelector": props.system_node_selector,
-                "containers": [
-                    {
-                        "name": "ray-head",
-                        "image": props.image,
-                        "resources": props.head.as_k8s(),
-                        "ports": [
-                            {"name": "gcs-server", "containerPort": 6379},
-                            {"name": "dashboard", "containerPort": DASHBOARD_PORT},
-                            {"name": "client", "containerPort": 10001},
-                            {"name": "serve", "containerPort": SERVE_PORT},
-                        ],
-                        "volumeMounts": [_SHM_MOUNT],
-                    }
-                ],
-                "volumes": [_shm_volume(props.head)],
-            }
-        },
+        "template": _with_api_keys(props, _head_pod(props)),
+    }
+
+
+def _head_pod(props: RayServiceProps) -> dict[str, Any]:
+    env = _api_keys_env(props)
+    if env and props.aws_region:
+        env.append({"name": "AWS_REGION", "value": props.aws_region})
+    return {
+        "spec": {
+            **({"serviceAccountName": props.head_service_account} if props.head_service_account else {}),
+            "nodeSelector": props.system_node_selector,
+            "containers": [
+                {
+                    "name": "ray-head",
+                    "image": props.image,
+                    **({"env": env} if env else {}),
+                    "resources": props.head.as_k8s(),
+                    "ports": [
+                        {"name": "gcs-server", "containerPort": 6379},
+                        {"name": "dashboard", "containerPort": DASHBOARD_PORT},
+                        {"name": "client", "containerPort": 10001},
+                        {"name": "serve", "containerPort": SERVE_PORT},
+                    ],
+                    "volumeMounts": [_SHM_MOUNT],
+                }
+            ],
+            "volumes": [_shm_volume(props.head)],
+        }
     }
 
 
@@ -143,6 +205,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     if props.aws_region:
         # Ray's S3 download (boto3) uses the regional endpoint, which the VPC's gateway endpoint serves.
         env.append({"name": "AWS_REGION", "value": props.aws_region})
+    env.extend(_api_keys_env(props))
     low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {
         "groupName": group.name,
@@ -160,23 +223,26 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         template["metadata"] = {"annotations": {SAFE_TO_EVICT: "false"}}
     return {
         **spec,
-        "template": {
-            **template,
-            "spec": {
-                **({"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}),
-                "nodeSelector": group.node_selector,
-                "containers": [
-                    {
-                        "name": "ray-worker",
-                        "image": props.image,
-                        "env": env,
-                        "resources": group.resources.as_k8s(),
-                        # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
-                        "securityContext": {"privileged": True},
-                        "volumeMounts": [_SHM_MOUNT],
-                    }
-                ],
-                "volumes": [_shm_volume(group.resources)],
+        "template": _with_api_keys(
+            props,
+            {
+                **template,
+                "spec": {
+                    **({"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}),
+                    "nodeSelector": group.node_selector,
+                    "containers": [
+                        {
+                            "name": "ray-worker",
+                            "image": props.image,
+                            "env": env,
+                            "resources": group.resources.as_k8s(),
+                            # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
+                            "securityContext": {"privileged": True},
+                            "volumeMounts": [_SHM_MOUNT],
+                        }
+                    ],
+                    "volumes": [_shm_volume(group.resources)],
+                },
             },
-        },
+        ),
     }

@@ -127,6 +127,17 @@ class RayAutoscalerSpec:
 
 
 @dataclass(frozen=True)
+class ApiKeysSpec:
+    """The Serve proxies' API key check (endpoint/proxy): which secret, read how often. EKS Pod
+    Identity lets the head's and the workers' service accounts read it."""
+
+    #: The Secrets Manager secret's ARN (a CloudFormation token until the manifest is applied).
+    secret_arn: str
+    #: Seconds between reads of the secret: a key added or removed takes effect within this.
+    refresh_s: int
+
+
+@dataclass(frozen=True)
 class RayServiceProps:
     name: str
     namespace: str
@@ -145,11 +156,14 @@ class RayServiceProps:
     upgrade_strategy: str = "None"
     # None: worker pods fixed at each group's replicas.
     autoscaler: RayAutoscalerSpec | None = None
-    # The workers' Kubernetes service account (created with the RayService; EKS Pod Identity gives
-    # it read access to the staged weights) and the region its AWS calls go to. None: the
-    # namespace's default account, no AWS access.
+    # The head's and the workers' Kubernetes service accounts (created with the RayService; EKS
+    # Pod Identity gives them what they read: the staged weights, the API key secret) and the
+    # region their AWS calls go to. None: the namespace's default account.
+    head_service_account: str | None = None
     worker_service_account: str | None = None
     aws_region: str | None = None
+    # None: no API key check; anyone who reaches the serve port may call it.
+    api_keys: ApiKeysSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

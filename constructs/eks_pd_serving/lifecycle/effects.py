@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..assembly import field_diff
+from ..endpoint import proxy
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from . import facts, needs
 from .graph import Resource, StackModel, placeholders
@@ -147,6 +148,11 @@ def effect(action: Action, old: Resource | None, new: Resource | None, paths: se
 # --- Kubernetes objects inside a manifest that stays ---------------------------------------------
 
 
+def _checks_api_keys(ray_service: Mapping[str, Any]) -> bool:
+    """Whether the RayService's pods load the Serve proxies' API key check."""
+    return proxy.CALLBACK_ENV in json.dumps((ray_service.get("spec") or {}).get("rayClusterConfig"))
+
+
 def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     changed = {path.split(".")[1] if path.startswith("spec.") else path for path, _, _ in field_diff(old, new)}
     strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
@@ -163,6 +169,12 @@ def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
             if strategy == "None"
             else "RayCluster config changed under NewCluster: a second Ray cluster is built beside the first, "
             "traffic switches when it is ready (needs room for both)"
+        )
+    keyed = [_checks_api_keys(side) for side in (old, new)]
+    if keyed[0] != keyed[1]:
+        lines.append(
+            f"the API key check turns {'on' if keyed[1] else 'off'} only in a RayCluster built from the new spec; "
+            "until then the endpoint answers as before (verify shows which)"
         )
     rest = sorted(changed - {"serveConfigV2", "rayClusterConfig"})
     if rest:

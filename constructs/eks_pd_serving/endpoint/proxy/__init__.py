@@ -1,0 +1,29 @@
+"""The Serve proxy's API key check (pod-side code) and how it is shipped: the module's source goes
+into a ConfigMap mounted on every Ray pod, on the pods' PYTHONPATH."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .eks_pd_api_keys import REFRESH_ENV, SECRET_ENV
+
+MODULE = "eks_pd_api_keys"
+# Ray Serve's hook: each HTTP proxy calls this at start and wraps itself in what it returns.
+CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
+CALLBACK = f"{MODULE}:middlewares"
+MOUNT_PATH = "/opt/eks-pd/python"
+FILE_NAME = f"{MODULE}.py"
+
+
+def source() -> str:
+    """The module's text, exactly as the pods import it."""
+    return (Path(__file__).parent / FILE_NAME).read_text()
+
+
+def source_digest() -> str:
+    """Short digest of the source: a pod annotation, so new code restarts the proxies on purpose."""
+    return hashlib.sha256(source().encode()).hexdigest()[:16]
+
+
+__all__ = ["CALLBACK", "CALLBACK_ENV", "FILE_NAME", "MODULE", "MOUNT_PATH", "REFRESH_ENV", "SECRET_ENV", "source"]

@@ -1,0 +1,225 @@
+"""The Serve proxies' API key check (endpoint/proxy/eks_pd_api_keys.py), as pure ASGI in front of
+a stand-in application, through httpx's ASGI transport; the Secrets Manager read against moto.
+Ray's own loading of it (the proxy hook) is in tests/gates/test_ray_validation.py; the whole
+path in front of the PD app, with the OpenAI SDK, in the CPU rehearsal."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from collections.abc import MutableMapping
+from typing import Any
+
+import boto3
+import httpx
+import pytest
+from moto import mock_aws
+
+from eks_pd_serving.endpoint.proxy import eks_pd_api_keys as keys
+
+KEY_A = "a" * 40
+KEY_B = "B1" * 24
+SECRET = json.dumps({"app-a": KEY_A})
+
+
+class Engine:
+    """Stands in for Serve's router: records what reached it."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.paths.append(scope["path"])
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+        await send({"type": "http.response.body", "body": b"served"})
+
+
+def store_of(secret: str) -> keys.KeyStore:
+    store = keys.KeyStore(lambda: secret)
+    assert store.refresh()
+    return store
+
+
+def call(store: keys.KeyStore, path: str, key: str | None, method: str = "POST") -> tuple[httpx.Response, Engine]:
+    engine = Engine()
+    app = keys.ApiKeyMiddleware(engine, store)
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else {}
+
+    async def go() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            return await client.request(method, path, headers=headers, json={"model": "m"})
+
+    return asyncio.run(go()), engine
+
+
+# Ray Serve LLM's OpenAI routes (ray.llm._internal.serve.core.ingress.ingress.DEFAULT_ENDPOINTS),
+# Serve's own route table, and a path nothing serves.
+ROUTES = [
+    "/v1/models",
+    "/v1/models/m",
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/audio/transcriptions",
+    "/v1/score",
+    "/tokenize",
+    "/detokenize",
+    "/-/routes",
+    "/nothing-here",
+]
+
+
+@pytest.mark.parametrize("path", ROUTES)
+def test_every_route_without_a_key_gets_401_in_openai_shape_and_reaches_nothing(path: str) -> None:
+    response, engine = call(store_of(SECRET), path, None)
+    assert response.status_code == 401
+    assert response.headers["www-authenticate"] == "Bearer"
+    error = response.json()["error"]
+    assert error["code"] == "invalid_api_key" and error["type"] == "invalid_request_error"
+    assert engine.paths == []
+
+
+@pytest.mark.parametrize("presented", ["x" * 40, KEY_A[:-1], KEY_A + "a", ""])
+def test_an_unknown_key_gets_401_and_reaches_nothing(presented: str) -> None:
+    response, engine = call(store_of(SECRET), "/v1/chat/completions", presented)
+    assert response.status_code == 401
+    assert engine.paths == []
+
+
+def test_a_known_key_passes_and_the_log_names_its_id_not_the_key(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        response, engine = call(store_of(SECRET), "/v1/chat/completions", KEY_A)
+    assert (response.status_code, response.text, engine.paths) == (200, "served", ["/v1/chat/completions"])
+    assert "api_key_id=app-a POST /v1/chat/completions" in caplog.text
+    assert KEY_A not in caplog.text
+
+
+def test_the_health_path_is_open_and_only_it() -> None:
+    response, engine = call(store_of(SECRET), "/-/healthz", None, method="GET")
+    assert (response.status_code, engine.paths) == (200, ["/-/healthz"])
+    response, engine = call(store_of(SECRET), "/-/healthz/more", None, method="GET")
+    assert (response.status_code, engine.paths) == (401, [])
+
+
+def test_basic_and_other_schemes_are_not_a_key() -> None:
+    engine = Engine()
+    app = keys.ApiKeyMiddleware(engine, store_of(SECRET))
+
+    async def go() -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            return (await client.get("/v1/models", headers={"Authorization": f"Basic {KEY_A}"})).status_code
+
+    assert asyncio.run(go()) == 401
+
+
+def test_every_held_digest_is_compared_whichever_matches(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = store_of(json.dumps({"first": KEY_A, "second": KEY_B, "third": "c" * 32}))
+    calls: list[int] = []
+    real = hmac.compare_digest
+
+    def counted(a: bytes, b: bytes) -> bool:
+        calls.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", counted)
+    assert store.identify(KEY_A) == "first"
+    assert len(calls) == 3  # no early exit on the first match
+
+
+def test_rotation_takes_effect_at_the_next_read_without_a_restart() -> None:
+    secret = {"value": json.dumps({"old": KEY_A})}
+    store = keys.KeyStore(lambda: secret["value"], refresh_s=0.05)
+    store.start()
+    try:
+        assert store.identify(KEY_A) == "old"
+        secret["value"] = json.dumps({"old": KEY_A, "new": KEY_B})
+        assert _eventually(lambda: store.identify(KEY_B) == "new")
+        secret["value"] = json.dumps({"new": KEY_B})
+        assert _eventually(lambda: store.identify(KEY_A) is None)
+        assert store.identify(KEY_B) == "new"
+    finally:
+        store.stop()
+
+
+def _eventually(condition: Any, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_a_failed_read_keeps_the_keys_in_hand(caplog: pytest.LogCaptureFixture) -> None:
+    secret = {"value": SECRET}
+    store = keys.KeyStore(lambda: secret["value"])
+    assert store.refresh()
+    secret["value"] = json.dumps({"app-a": "short"})
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        assert not store.refresh()
+    assert store.identify(KEY_A) == "app-a"
+    assert "keeping the 1 held" in caplog.text
+
+
+def test_before_any_key_is_read_requests_get_503_not_through() -> None:
+    def unreadable() -> str:
+        raise ConnectionError("no route to Secrets Manager")
+
+    store = keys.KeyStore(unreadable)
+    assert not store.refresh()
+    response, engine = call(store, "/v1/models", KEY_A, method="GET")
+    assert (response.status_code, engine.paths) == (503, [])
+    assert response.json()["error"]["code"] == "api_keys_unavailable"
+
+
+@pytest.mark.parametrize(
+    ("secret", "complaint"),
+    [
+        ("not json", "not JSON"),
+        ("[]", "JSON object"),
+        ("{}", "at least one key"),
+        (json.dumps({"bad id!": KEY_A}), "key id"),
+        (json.dumps({"app": "short-key"}), "32 or more"),
+        (json.dumps({"app": KEY_A[:20] + " " + KEY_A[:20]}), "32 or more"),
+        (json.dumps({"one": KEY_A, "two": KEY_A}), "same key"),
+    ],
+)
+def test_a_malformed_secret_is_refused_without_echoing_a_key(secret: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint) as raised:
+        keys.parse_keys(secret)
+    assert KEY_A not in str(raised.value) and "short-key" not in str(raised.value)
+
+
+def test_a_websocket_without_a_key_is_closed_before_accept() -> None:
+    engine = Engine()
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        sent.append(dict(message))
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "websocket.connect"}
+
+    scope = {"type": "websocket", "path": "/v1/realtime", "headers": []}
+    asyncio.run(keys.ApiKeyMiddleware(engine, store_of(SECRET))(scope, receive, send))
+    assert sent == [{"type": "websocket.close", "code": 1008}] and engine.paths == []
+
+
+def test_the_proxy_hook_refuses_to_start_without_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(keys.SECRET_ENV, raising=False)
+    with pytest.raises(RuntimeError, match=keys.SECRET_ENV):
+        keys.middlewares()
+
+
+@mock_aws
+def test_the_keys_are_read_from_secrets_manager(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    client = boto3.client("secretsmanager", region_name="us-east-1")
+    arn = client.create_secret(Name="api-keys", SecretString=SECRET)["ARN"]
+    store = keys.KeyStore(keys.secrets_manager_fetch(arn))
+    assert store.refresh() and store.identify(KEY_A) == "app-a"
+    client.put_secret_value(SecretId=arn, SecretString=json.dumps({"app-b": KEY_B}))
+    assert store.refresh() and store.identify(KEY_A) is None and store.identify(KEY_B) == "app-b"
