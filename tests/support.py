@@ -172,9 +172,15 @@ def log_filter_matches(pattern: str, lines: list[str]) -> list[str]:
 RAY_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
 
 
+# Stands in for the key secret's ARN (a CloudFormation token in the stack) when a chart is rendered alone.
+API_KEYS_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:api-keys-AbCdEf"
+
+
 def render(**settings: Any) -> list[dict[str, Any]]:
     config = DeploymentConfig.create(**settings)
-    chart = RayServiceChart(cdk8s.App(), "RayService", props=ray_service_props(config, RAY_IMAGE))
+    secret = API_KEYS_SECRET_ARN if config.api_keys_on else None
+    props = ray_service_props(config, RAY_IMAGE, api_keys_secret_arn=secret)
+    chart = RayServiceChart(cdk8s.App(), "RayService", props=props)
     return list(cdk8s.Testing.synth(chart))
 
 

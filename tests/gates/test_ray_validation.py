@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import ROOT, ray_service
+from support import ROOT, ray_service, render
 
 from eks_pd_serving import versions
 
@@ -177,3 +177,51 @@ def test_ray_puts_each_pods_object_store_in_dev_shm(stack_factory: Callable[...,
     assert head["explicit"] == "/dev/shm" and all(w["explicit"] == "/dev/shm" for w in workers)
     # Without the volume Ray's default store (30% of 8 GiB) does not fit a 64 MiB /dev/shm: /tmp.
     assert bare_head["default"] == "<temp_dir>"
+
+
+def _api_key_pods(tmp_path: Path) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The ConfigMap's files written to ``tmp_path`` and each Ray pod's container (internal)."""
+    objects = render(endpoint_exposure="internal")
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap"]
+    for name, text in config_map["data"].items():
+        (tmp_path / name).write_text(text)
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return config_map["data"], [g["template"]["spec"]["containers"][0] for g in groups]
+
+
+def _run_hook(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RAY_PYTHON), str(ROOT / "tools" / "check_proxy_hook.py")],
+        capture_output=True, text=True, timeout=120, check=False, env={"PATH": os.environ["PATH"], **env},
+    )  # fmt: skip
+
+
+def test_rays_proxy_hook_loads_the_api_key_check_from_the_pods_config_map(tmp_path: Path) -> None:
+    files, containers = _api_key_pods(tmp_path)
+    assert set(files) == {"eks_pd_api_keys.py"}
+    for container in containers:
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys-code"]
+        assert env["PYTHONPATH"] == mount["mountPath"] and mount["readOnly"] is True
+        # On this machine the mount is tmp_path (the secret is unreachable: no boto3 in .venv-ray).
+        # A request without a key is refused before the router; health reaches it.
+        env["PYTHONPATH"] = str(tmp_path)
+        result = _run_hook(env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.splitlines() == [
+            "middlewares: ApiKeyMiddleware",
+            "/-/healthz 200 reached",
+            "/v1/models 401 refused",
+            "/-/routes 401 refused",
+        ]
+
+
+def test_without_the_mounted_code_the_proxy_does_not_start(tmp_path: Path) -> None:
+    _files, containers = _api_key_pods(tmp_path)
+    env = {e["name"]: e.get("value", "") for e in containers[0]["env"]}
+    env["PYTHONPATH"] = str(tmp_path / "nothing-mounted")
+    result = _run_hook(env)
+    assert result.returncode == 1
+    assert "eks_pd_api_keys:middlewares cannot be imported: No module named 'eks_pd_api_keys'" in result.stdout

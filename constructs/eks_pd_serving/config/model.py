@@ -160,4 +160,4 @@ def _one_line(error: ValidationError, settings: Mapping[str, Any]) -> str:
 
 
 # Settings whose values are echoed as <hidden> in errors.
-_SECRET_SETTINGS = frozenset({"hf_token_secret"})
+_SECRET_SETTINGS = frozenset({"hf_token_secret", "api_keys_secret_arn"})
