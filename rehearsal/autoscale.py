@@ -14,8 +14,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import httpx
-
 from .probes import Endpoint, ProbeFailed, external_kv_by_replica, settled_counters, stream_chat
 
 BURST = 6
@@ -47,7 +45,7 @@ def running(states: dict[str, int]) -> int:
 
 def burst(endpoint: Endpoint) -> list[dict[str, Any]]:
     """``BURST`` streams at once; each returns what the client saw."""
-    with httpx.Client(base_url=endpoint.base_url, timeout=300) as client, ThreadPoolExecutor(BURST) as pool:
+    with endpoint.client(300) as client, ThreadPoolExecutor(BURST) as pool:
         return list(pool.map(lambda prompt: stream_chat(client, endpoint, prompt, MAX_TOKENS), PROMPTS))
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from eks_pd_serving.endpoint_check import check_endpoint
 from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
 
-from . import autoscale, profile, verdict
+from . import api_keys, autoscale, profile, verdict
 from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins
 
 MARKER = "EKS_PD_REHEARSAL_RUN"
@@ -159,14 +159,22 @@ def rehearse_both(
     model_id: str,
     started: float,
     control: dict[str, Any] | None = None,
+    keys: api_keys.LocalKeys | None = None,
 ) -> dict[str, Any]:
     """The PD application (and its scale-up, when decode autoscales), then ``control`` (default:
-    one colocated engine with no connector), in one Ray session."""
+    one colocated engine with no connector), in one Ray session. With ``keys``, every Serve proxy
+    checks API keys and every probe sends the key; the check itself is probed on the PD app."""
     http_port, metrics_port = free_port(), free_port()
-    endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
+    endpoint = Endpoint(
+        f"http://127.0.0.1:{http_port}",
+        model_id,
+        f"http://127.0.0.1:{metrics_port}/metrics",
+        keys.key if keys else None,
+    )
     report: dict[str, Any] = {}
+    used: list[str] = []
     control = control or profile.colocated_control(rehearsed)
-    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)):
+    with local_ray({**env, **(keys.env if keys else {})}, metrics_port, profile.custom_resources(rehearsed)) as run_id:
         # Built first, with Ray up (building can start a Ray of its own otherwise): a broken
         # config fails before anything deploys.
         phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
@@ -178,7 +186,12 @@ def rehearse_both(
             report[name] = run_probes(endpoint, PROMPTS)
             report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
             # The HTTP half of `python -m eks_pd_serving verify`, against this endpoint.
-            report[name]["verify_endpoint"] = asdict(check_endpoint(endpoint.base_url, model_id))
+            report[name]["verify_endpoint"] = asdict(
+                check_endpoint(endpoint.base_url, model_id, api_key=endpoint.api_key)
+            )
+            if keys and config is rehearsed:
+                log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")
+                report["api_keys"], used = api_keys.probe(endpoint, keys, run_id, log)
             if config is rehearsed and autoscale.decode_scaling(rehearsed):
                 log("== pd: decode autoscales; bursts until Serve adds a replica")
                 report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
@@ -189,6 +202,9 @@ def rehearse_both(
                 histograms = [family for family, kind in OTLP_METRICS if kind == "histogram"]
                 report["metric_joins"] = worker_joins(endpoint.metrics_url, histograms, JOIN_METRIC)
             undeploy(config)
+    if keys:
+        # After Ray is down: every log file it wrote this run, searched for the keys.
+        report["api_keys"]["logs"] = api_keys.scan_logs(report["api_keys"]["session_dir"], used)
     return report
 
 
@@ -218,17 +234,21 @@ def rehearse_and_judge(
     report_file: Path,
     control: dict[str, Any] | None = None,
     strict: bool = True,
+    keys: api_keys.LocalKeys | None = None,
 ) -> int:
     """rehearse_both on ``report["rehearsed"]``, the report written whatever happens, the
     verdict printed; the exit status (0 pass, 1 fail, 130 interrupted)."""
     failed = recorded(
         report,
         report_file,
-        lambda: rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control),
+        lambda: rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control, keys=keys),
     )
     if failed is not None:
         return failed
     ok, lines = verdict.judge(report, strict=strict)
+    if keys:
+        keyed, key_lines = api_keys.judge(report["api_keys"])
+        ok, lines = ok and keyed, lines + key_lines
     scaling = autoscale.decode_scaling(report["rehearsed"])
     if scaling:
         scaled, scale_lines = autoscale.judge(report["autoscale"], scaling)

@@ -36,6 +36,12 @@ class Endpoint:
     base_url: str
     model_id: str
     metrics_url: str
+    # With the deployment's API key check: the key every probe sends.
+    api_key: str | None = None
+
+    def client(self, timeout_s: float) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None
+        return httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
 
 def _check(condition: bool, message: str) -> None:
@@ -234,7 +240,7 @@ def stream_chat(client: httpx.Client, endpoint: Endpoint, prompt: str, max_token
 
 def run_probes(endpoint: Endpoint, prompts: list[str]) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
+    with endpoint.client(120) as client:
         models = client.get("/v1/models")
         _check(models.status_code == 200, f"/v1/models: HTTP {models.status_code}")
         ids = [m["id"] for m in models.json()["data"]]

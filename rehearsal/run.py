@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import profile, s3_weights, tiny_checkpoint
+from . import api_keys, profile, s3_weights, tiny_checkpoint
 from .harness import LOCAL_ENV, free_port, log, rehearse_and_judge
 
 
@@ -43,11 +43,14 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
     (app,) = deployed["applications"]
     source = app["args"]["decode_config"]["model_loading_config"]["model_source"]
-    if not source.startswith("s3://"):
-        return _rehearse(args, ray_service, deployed, checkpoint, None, started)
-    # weights_source=s3: the checkpoint staged where the serve config points, in a local S3.
-    with s3_weights.staged(checkpoint, source, args.report.parent.resolve(), free_port()) as weights:
-        return _rehearse(args, ray_service, deployed, checkpoint, weights, started)
+    work = args.report.parent.resolve()
+    # With api_keys: the check's code from the template, the keys in a local Secrets Manager.
+    with api_keys.local_keys(args.template, work, free_port()) as keys:
+        if not source.startswith("s3://"):
+            return _rehearse(args, ray_service, deployed, checkpoint, None, started, keys)
+        # weights_source=s3: the checkpoint staged where the serve config points, in a local S3.
+        with s3_weights.staged(checkpoint, source, work, free_port()) as weights:
+            return _rehearse(args, ray_service, deployed, checkpoint, weights, started, keys)
 
 
 def _rehearse(
@@ -57,6 +60,7 @@ def _rehearse(
     checkpoint: Path,
     weights: s3_weights.StagedWeights | None,
     started: float,
+    keys: api_keys.LocalKeys | None = None,
 ) -> int:
     rehearsed = profile.local_profile(deployed, checkpoint, weights.uri if weights else None)
     if args.serve_config:
@@ -71,7 +75,7 @@ def _rehearse(
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
-    status = rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report)
+    status = rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report, keys=keys)
     if weights is None or args.serve_config:
         return status
     # Proof of the S3 path: Ray's mirror wrote this run's snapshot (a fresh hash, a cache of the

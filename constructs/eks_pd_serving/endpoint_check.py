@@ -22,8 +22,17 @@ class EndpointFailed(RuntimeError):
     pass
 
 
-def check_endpoint(base_url: str, model_id: str, timeout_s: float = 120.0) -> EndpointReport:
+def check_refused_without_key(base_url: str, timeout_s: float = 30.0) -> int:
+    """The status of ``GET /v1/models`` sent with no key: 401 where the API key check runs."""
     with httpx.Client(base_url=base_url, timeout=timeout_s) as client:
+        return client.get("/v1/models").status_code
+
+
+def check_endpoint(
+    base_url: str, model_id: str, timeout_s: float = 120.0, api_key: str | None = None
+) -> EndpointReport:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    with httpx.Client(base_url=base_url, timeout=timeout_s, headers=headers) as client:
         response = client.get("/v1/models")
         if response.status_code != 200:
             raise EndpointFailed(f"GET /v1/models: HTTP {response.status_code}")

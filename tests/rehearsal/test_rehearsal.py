@@ -61,13 +61,13 @@ def leftovers(tmp_path: Path) -> list[int]:
 @pytest.fixture(scope="module")
 def autoscaled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The app with decode autoscaling from 1 to 2 replicas at a target of 1 request (prefill fixed
-    at 1): its serve config is the default one plus the autoscaling keys (test_rehearsal_profile.py
-    asserts that), so one run rehearses both."""
+    at 1), and the API key check on every Serve proxy: its serve config is the default one plus
+    the autoscaling keys (test_rehearsal_profile.py asserts that), so one run rehearses all three."""
     from support import synth_assembly
 
     return synth_assembly(
         tmp_path_factory.mktemp("cdk.out"), nag=False, autoscaling=True, prefill_max_replicas=1,
-        decode_max_replicas=2, decode_target_ongoing_requests=1,
+        decode_max_replicas=2, decode_target_ongoing_requests=1, api_keys=True,
     )  # fmt: skip
 
 

@@ -215,9 +215,11 @@ def test_the_proxy_hook_refuses_to_start_without_a_secret(monkeypatch: pytest.Mo
 
 
 @mock_aws
-def test_the_keys_are_read_from_secrets_manager(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    client = boto3.client("secretsmanager", region_name="us-east-1")
+def test_the_keys_are_read_from_secrets_manager_in_the_secrets_region(monkeypatch: pytest.MonkeyPatch) -> None:
+    # As on a pod: no AWS_DEFAULT_REGION (botocore's variable); the ARN names the region.
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.delenv("AWS_REGION", raising=False)
+    client = boto3.client("secretsmanager", region_name="eu-west-1")
     arn = client.create_secret(Name="api-keys", SecretString=SECRET)["ARN"]
     store = keys.KeyStore(keys.secrets_manager_fetch(arn))
     assert store.refresh() and store.identify(KEY_A) == "app-a"

@@ -638,3 +638,56 @@ def test_sizing_prints_the_cold_start_with_and_without_staging() -> None:
     assert "no NAT bytes (was 18.0 GB, $0.81, through the NAT from Hugging Face)" in staged[0]
     assert "from Hugging Face through the NAT: 18.0 GB, $0.81 of NAT processing per start" in direct[0]
     assert "about 13 s" in staged[1]
+
+
+class _Endpoint(BaseHTTPRequestHandler):
+    """An endpoint that answers /v1/models with ``status`` when no key is sent."""
+
+    status: ClassVar[int] = 401
+
+    def do_GET(self) -> None:
+        code = 200 if self.headers.get("Authorization") else self.status
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def endpoint_answering() -> Iterator[Any]:
+    servers = []
+
+    def start(status: int) -> str:
+        handler = type("Handler", (_Endpoint,), {"status": status})
+        server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+
+
+def test_verify_passes_api_keys_when_a_request_without_a_key_gets_401(endpoint_answering: Any) -> None:
+    check = verify.check_api_keys(endpoint_answering(401), on=True, key="k" * 40)
+    assert check.passed and "401 without a key" in check.detail
+
+
+def test_verify_fails_api_keys_when_the_running_cluster_does_not_check_them(endpoint_answering: Any) -> None:
+    check = verify.check_api_keys(endpoint_answering(200), on=True, key="k" * 40)
+    assert not check.passed
+    assert "got HTTP 200, not 401" in check.detail and "kubectl delete raycluster" in check.detail
+
+
+def test_verify_asks_for_a_key_to_test_with(endpoint_answering: Any) -> None:
+    check = verify.check_api_keys(endpoint_answering(401), on=True, key=None)
+    assert not check.passed and "EKS_PD_API_KEY" in check.detail
+
+
+def test_verify_reports_an_open_endpoint_when_api_keys_are_off(endpoint_answering: Any) -> None:
+    check = verify.check_api_keys(endpoint_answering(200), on=False, key=None)
+    assert check.passed and check.detail.startswith("off")

@@ -8,6 +8,8 @@
 - with observability: the GPU nodes' EFA byte counters moved in the minutes of that request
   (Container Insights' node_efa_rx_bytes, read from CloudWatch; it arrives a minute or two late,
   so verify waits up to --efa-wait-s): the KV crossed EFA, not only LIBFABRIC was instantiated;
+- with api_keys: a request without a key gets 401 and one with the key is served (the key from
+  --api-key, or $EKS_PD_API_KEY: the stack's ApiKeyCommand output prints one);
 - the serving namespace's NetworkPolicies are in place (the Ray head closed to other pods);
 - with endpoint_exposure=internal: the NLB exists and its DNS name (it answers only from inside
   the VPC: run verify there with --endpoint http://<that name>).
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from ..endpoint_check import EndpointFailed, check_endpoint
+from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
 from ..k8s.network import LOCK_DOWN_POLICIES, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
@@ -40,6 +43,9 @@ UCX_FIX = (
     "NIXL fell back to UCX, which moves the KV cache at TCP speed. Fix: keep kv_backend=LIBFABRIC, "
     "check the pods request vpc.amazonaws.com/efa and run privileged, and that FI_PROVIDER=efa is set"
 )
+
+
+API_KEY_ENV = "EKS_PD_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", default="http://127.0.0.1:8000", help="port-forwarded serve service")
     parser.add_argument("--dashboard", default="http://127.0.0.1:8265", help="port-forwarded Ray dashboard")
     parser.add_argument("--skip-http", action="store_true", help="only the Kubernetes checks")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"a key of the endpoint, with api_keys (default: ${API_KEY_ENV})")  # fmt: skip
     parser.add_argument("--efa-wait-s", type=float, default=240.0,
                         help="how long to wait for the request's minute of EFA metrics (default 240)")  # fmt: skip
     parser.add_argument("--profile", help="AWS profile for reading CloudWatch (default: the environment's)")
@@ -137,6 +145,27 @@ def check_internal_endpoint(core: Any, namespace: str, service: str) -> Check:
             f"kubectl -n {namespace} describe service {service})",
         )
     return Check("internal endpoint", True, f"http://{hostname} (inside the VPC: verify --endpoint http://{hostname})")
+
+
+def check_api_keys(base_url: str, on: bool, key: str | None) -> Check:
+    """With api_keys, ``GET /v1/models`` without a key must get 401 (the endpoint check then sends
+    the key); without, it reports that anyone who reaches the endpoint may call it."""
+    try:
+        status = check_refused_without_key(base_url)
+    except httpx.HTTPError as error:
+        return Check("API keys", False, f"endpoint unreachable ({error}); port-forward 8000")
+    if not on:
+        return Check("API keys", True, f"off (api_keys=false): a request without a key got HTTP {status}")
+    if status != 401:
+        return Check(
+            "API keys",
+            False,
+            f"a request without a key got HTTP {status}, not 401: the running Ray cluster predates the check. Fix: "
+            "recreate it (docs/guides/updates.md: kubectl delete raycluster -l ray.io/originated-from-cr-name=<name>)",
+        )
+    if not key:
+        return Check("API keys", False, f"401 without a key; no key to test with. Fix: export {API_KEY_ENV}=<a key>")
+    return Check("API keys", True, "401 without a key; the endpoint check below sends the key")
 
 
 def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -> Check:
@@ -244,9 +273,10 @@ def run(args: argparse.Namespace) -> int:
     except httpx.HTTPError as error:
         checks.append(Check("replica placement", False, f"Ray dashboard unreachable ({error}); port-forward 8265"))
     if not args.skip_http:
+        checks.append(check_api_keys(args.endpoint, settings.api_keys_on, args.api_key))
         sent = datetime.datetime.now(datetime.UTC)
         try:
-            report = check_endpoint(args.endpoint, settings.model_id)
+            report = check_endpoint(args.endpoint, settings.model_id, api_key=args.api_key)
             checks.append(Check("endpoint", True, f"models {report.models}; TTFT {report.ttft_s * 1000:.0f} ms"))
             if settings.observability:
                 checks.append(_efa_check(args, settings, sent))

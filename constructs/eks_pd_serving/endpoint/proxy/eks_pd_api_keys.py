@@ -177,14 +177,18 @@ async def _refuse(kind: str, send: Send, status: int, body: bytes) -> None:
 
 
 def secrets_manager_fetch(secret_id: str) -> Callable[[], str]:
-    """Reads the secret's current string with the pod's credentials (EKS Pod Identity)."""
+    """Reads the secret's current string with the pod's credentials (EKS Pod Identity), in the
+    secret's own region (its ARN's): botocore reads AWS_DEFAULT_REGION, not AWS_REGION, and Pod
+    Identity sets neither."""
     client: list[Any] = []
+    parts = secret_id.split(":")
+    region = parts[3] if secret_id.startswith("arn:") and len(parts) > 3 else os.environ.get("AWS_REGION")
 
     def fetch() -> str:
         if not client:
             import boto3
 
-            client.append(boto3.client("secretsmanager"))
+            client.append(boto3.client("secretsmanager", region_name=region))
         return str(client[0].get_secret_value(SecretId=secret_id)["SecretString"])
 
     return fetch
