@@ -26,7 +26,12 @@ pytestmark = [
 
 
 def rehearse(
-    tmp_path: Path, template: Path, *extra: str, module: str = "rehearsal.run", report: str = "report.json"
+    tmp_path: Path,
+    template: Path,
+    *extra: str,
+    module: str = "rehearsal.run",
+    report: str = "report.json",
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """The rehearsal as a user runs it, its processes marked with this test's own run id."""
     return subprocess.run(
@@ -37,7 +42,8 @@ def rehearse(
             "--report", str(tmp_path / report),
             *extra,
         ],
-        cwd=ROOT, env={**os.environ, MARKER: run_id(tmp_path)}, capture_output=True, text=True, timeout=900,
+        cwd=ROOT, env={**os.environ, **(env or {}), MARKER: run_id(tmp_path)}, capture_output=True, text=True,
+        timeout=900,
         check=False,
     )  # fmt: skip
 
@@ -74,7 +80,8 @@ def autoscaled_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decode(
     tmp_path: Path, autoscaled_template: Path
 ) -> None:
-    result = rehearse(tmp_path, autoscaled_template)
+    canary = "canaryKey" + "0123456789abcdefghijklmnopqrstuvwxyzABCDEF"
+    result = rehearse(tmp_path, autoscaled_template, env={"EKS_PD_REHEARSAL_API_KEY": canary})
     print(result.stdout[-6000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS: every request's KV came from prefill over NIXL" in result.stdout
@@ -104,6 +111,19 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     burst = [r for b in scaled["bursts"] for r in b["requests"]]
     assert scaled["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in burst)
     assert "PASS: the added decode replica loaded KV over NIXL" in result.stdout
+    # The API key check in front of the PD app: the SDK with the key, 401 everywhere without one
+    # or with a wrong one, a rotation with no process restarted; no key in any log or output.
+    keyed = report["api_keys"]
+    assert keyed["with_key"]["models"] == ["qwen3.5-9b"] and keyed["with_key"]["stream_usage"]["completion_tokens"] > 0
+    assert {v["status"] for k, v in keyed["without_key"].items() if k != "GET /-/healthz"} == {401}
+    assert {v["error"] for v in keyed["wrong_key"].values()} == {"AuthenticationError"}
+    rotation = keyed["rotation"]
+    assert rotation["added_s"] <= rotation["bound_s"] and rotation["removed_s"] <= rotation["bound_s"]
+    assert rotation["processes_before"] == rotation["processes_after"] != []
+    assert keyed["logs"]["files_with_a_key"] == 0 and keyed["logs"]["lines_naming_a_key_id"] > 0
+    for text in (result.stdout, result.stderr, (tmp_path / "report.json").read_text()):
+        assert canary not in text
+    assert result.stdout.count("PASS: api keys:") == 6
     # The workers' RAY_LOG_TO_STDERR=1 (deployed env, not a local addition) puts the engines' NIXL
     # line on the process's own output, as it puts it in a pod's log for `kubectl logs` and verify.
     assert "Backend UCX was instantiated" in result.stdout + result.stderr
