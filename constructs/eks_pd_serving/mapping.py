@@ -10,7 +10,7 @@ import dataclasses
 from aws_cdk import Aws
 
 from . import versions
-from .catalog import InstanceFacts
+from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import DeploymentConfig
 from .k8s import (
@@ -95,6 +95,18 @@ def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
     )
 
 
+def kv_load_failure_policy(facts: ModelFacts | None) -> str:
+    """What decode does with KV it could not pull from prefill (a prefill replica scaled down,
+    killed or unreachable mid-transfer). ``recompute`` finishes the request, slower, but vLLM
+    0.26.0's rollback of a failed load is wrong on its V2 model runner (vllm-project/vllm#49250,
+    open: the request continues from stale state), and 0.26.0 runs V2 for every dense model
+    (``VllmConfig._is_default_v2_model_runner_model``: not hybrid, not attention-free, and not MoE
+    outside a short allowlist). Hybrid models always run V1, where recompute is the old default.
+    So: ``recompute`` for hybrid models, ``fail`` otherwise (the request ends with HTTP 500 or an
+    error chunk, which a client retries, instead of a wrong answer)."""
+    return "recompute" if facts is not None and facts.architecture == HYBRID else "fail"
+
+
 def worker_service_account(config: DeploymentConfig) -> str:
     """The Ray workers' service account, which EKS Pod Identity lets read the staged weights
     (weights_source=s3) and the API key secret (api_keys). In every configuration, so a setting
@@ -141,8 +153,7 @@ def ray_service_props(
         kv=KvTransferSpec(
             backend=config.kv_backend,
             buffer_device=config.kv_buffer_device,
-            # A prefill replica scaled down while decode still pulls its KV: decode recomputes.
-            load_failure_policy="recompute" if config.autoscaling else None,
+            load_failure_policy=kv_load_failure_policy(facts),
         ),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),

@@ -153,13 +153,30 @@ def test_each_phase_autoscales_between_its_bounds_with_no_fixed_count() -> None:
         assert deployment["graceful_shutdown_timeout_s"] == 300.0
 
 
-def test_decode_recomputes_kv_it_could_not_pull_only_with_autoscaling() -> None:
-    scaled = serve_args(ray_service(autoscaling=True))
-    decode_kv = scaled["decode_config"]["engine_kwargs"]["kv_transfer_config"]
-    assert decode_kv["kv_load_failure_policy"] == "recompute"
-    assert "kv_load_failure_policy" not in scaled["prefill_config"]["engine_kwargs"]["kv_transfer_config"]
-    fixed = serve_args(ray_service())["decode_config"]["engine_kwargs"]["kv_transfer_config"]
-    assert "kv_load_failure_policy" not in fixed  # the default deployment is unchanged
+@pytest.mark.parametrize(
+    ("settings", "policy"),
+    [
+        ({}, "recompute"),  # Qwen3.5-9B: hybrid, vLLM 0.26.0's V1 runner
+        ({"autoscaling": True}, "recompute"),
+        ({"model_source": "Qwen/Qwen3-8B"}, "fail"),  # dense: the V2 runner, vllm#49250
+        ({"model_source": "Qwen/Qwen3-30B-A3B-FP8", "gpu_instance_type": "g6e.8xlarge"}, "fail"),  # MoE
+    ],
+)
+def test_decode_sets_its_kv_load_failure_policy_on_purpose(settings: dict[str, Any], policy: str) -> None:
+    args = serve_args(ray_service(**settings))
+    assert args["decode_config"]["engine_kwargs"]["kv_transfer_config"]["kv_load_failure_policy"] == policy
+    assert "kv_load_failure_policy" not in args["prefill_config"]["engine_kwargs"]["kv_transfer_config"]
+
+
+@pytest.mark.parametrize("settings", [{}, {"autoscaling": True}])
+def test_both_phases_set_shutdown_and_health_check_timing(settings: dict[str, Any]) -> None:
+    for side in ("prefill_config", "decode_config"):
+        deployment = serve_args(ray_service(**settings))[side]["deployment_config"]
+        assert (
+            deployment["graceful_shutdown_timeout_s"],
+            deployment["health_check_period_s"],
+            deployment["health_check_timeout_s"],
+        ) == (300.0, 10.0, 10.0)
 
 
 def test_the_ray_autoscaler_runs_and_worker_groups_have_the_node_bounds() -> None:

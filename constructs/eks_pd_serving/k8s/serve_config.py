@@ -21,20 +21,26 @@ _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 
 
 def deployment_config(engine: EngineSpec) -> dict[str, Any]:
-    """Serve's deployment options: a fixed count, or autoscaling between bounds. Ray Serve LLM
-    leaves ``target_ongoing_requests`` at 1e9 unless told, which never scales up."""
+    """Serve's deployment options: a fixed count, or autoscaling between bounds (Ray Serve LLM
+    leaves ``target_ongoing_requests`` at 1e9 unless told, which never scales up); then the
+    replica's shutdown and health-check timing, explicit on both phases."""
     scaling = engine.autoscaling
-    if scaling is None:
-        return {"num_replicas": engine.replicas}
+    replicas: dict[str, Any] = {"num_replicas": engine.replicas}
+    if scaling is not None:
+        replicas = {
+            "autoscaling_config": {
+                "min_replicas": scaling.min_replicas,
+                "max_replicas": scaling.max_replicas,
+                "target_ongoing_requests": scaling.target_ongoing_requests,
+                "upscale_delay_s": scaling.upscale_delay_s,
+                "downscale_delay_s": scaling.downscale_delay_s,
+            }
+        }
     return {
-        "autoscaling_config": {
-            "min_replicas": scaling.min_replicas,
-            "max_replicas": scaling.max_replicas,
-            "target_ongoing_requests": scaling.target_ongoing_requests,
-            "upscale_delay_s": scaling.upscale_delay_s,
-            "downscale_delay_s": scaling.downscale_delay_s,
-        },
-        "graceful_shutdown_timeout_s": scaling.graceful_shutdown_timeout_s,
+        **replicas,
+        "graceful_shutdown_timeout_s": engine.graceful_shutdown_timeout_s,
+        "health_check_period_s": engine.health_check_period_s,
+        "health_check_timeout_s": engine.health_check_timeout_s,
     }
 
 
@@ -46,8 +52,8 @@ def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
         "kv_buffer_device": kv.buffer_device,
         "kv_connector_extra_config": {"backends": [kv.backend]},
     }
-    if phase == "decode" and kv.load_failure_policy:
-        # Only the consumer loads KV; a failed pull is recomputed there instead of failing the request.
+    if phase == "decode":
+        # Only the consumer loads KV: what it does with blocks it could not pull.
         config["kv_load_failure_policy"] = kv.load_failure_policy
     return config
 

@@ -25,8 +25,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class ReplicaAutoscaling:
-    """Serve's ``autoscaling_config`` for one phase, and how long a replica being scaled down
-    may finish what it holds."""
+    """Serve's ``autoscaling_config`` for one phase."""
 
     min_replicas: int
     max_replicas: int
@@ -37,9 +36,6 @@ class ReplicaAutoscaling:
     #: Load below target this long removes replicas. Default: 900 s: a removed replica costs
     #: minutes (node, image, weights) to bring back; keep it through a quarter-hour lull.
     downscale_delay_s: float = 900.0
-    #: A replica being removed stops taking requests and gets this long to finish its streams
-    #: before it is killed. Default: 300 s, a 4,096-token answer at ~15 tokens/s.
-    graceful_shutdown_timeout_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +54,15 @@ class EngineSpec:
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
     quantization: str | None = None
+    #: A replica being removed (scale-down, redeploy) stops taking requests and gets this long to
+    #: finish its streams before it is killed. Default: 300 s, a 4,096-token answer at ~15 tokens/s.
+    graceful_shutdown_timeout_s: float = 300.0
+    #: Serve asks each replica's engine whether it is alive this often, and waits this long; three
+    #: failures in a row restart the replica. Default: 10 s and 10 s (Ray Serve LLM 2.58's own),
+    #: written out so a Ray upgrade cannot change them unseen. vLLM's check raises only once the
+    #: engine is dead; a request failed by a KV load does not make the replica unhealthy.
+    health_check_period_s: float = 10.0
+    health_check_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -66,9 +71,10 @@ class KvTransferSpec:
 
     backend: str
     buffer_device: str
-    # vLLM's kv_load_failure_policy on the decode side: "recompute" makes decode recompute the
-    # blocks it could not pull (a prefill replica gone). None leaves vLLM's default ("fail").
-    load_failure_policy: str | None = None
+    # vLLM's kv_load_failure_policy on the decode side, always written: "recompute" makes decode
+    # recompute the blocks it could not pull (a prefill replica gone); "fail" ends the request with
+    # an error (vLLM 0.26.0's default). mapping.kv_load_failure_policy decides which.
+    load_failure_policy: str = "fail"
 
 
 @dataclass(frozen=True)
