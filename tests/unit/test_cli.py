@@ -691,3 +691,18 @@ def test_verify_asks_for_a_key_to_test_with(endpoint_answering: Any) -> None:
 def test_verify_reports_an_open_endpoint_when_api_keys_are_off(endpoint_answering: Any) -> None:
     check = verify.check_api_keys(endpoint_answering(200), on=False, key=None)
     assert check.passed and check.detail.startswith("off")
+
+
+def test_cost_of_api_keys_is_the_secret_and_every_proxys_reads(tmp_path: Path) -> None:
+    template = json.loads(synth_assembly(tmp_path, nag=False, endpoint_exposure="internal").read_text())
+    lines = {line.item: line for line in cost.estimate(template, "us-east-1", datetime.date(2026, 11, 29))[0]}
+    assert (lines["Secrets Manager secret (API keys)"].quantity, lines["KMS keys"].quantity) == (1, 5)
+    reads = lines["Secrets Manager reads (API keys)"]
+    # The head and two workers, each reading every 30 s: 360 reads an hour, $0.05 per 10,000.
+    assert (reads.quantity, reads.unit_price) == (360, 0.05 / 10_000)
+    assert reads.note == "3 Serve proxies, one read each every 30 s"
+
+
+def test_cost_without_api_keys_has_no_secrets_manager_lines(template_file: Path) -> None:
+    lines, _ = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    assert not [line for line in lines if line.item.startswith("Secrets Manager")]

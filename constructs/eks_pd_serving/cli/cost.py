@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..assembly import kubernetes_objects
 from ..catalog import MODELS
+from ..endpoint import proxy
 from ..observability import ADDON_NAME, custom_metric_count
 from ..versions import EKS_STANDARD_SUPPORT_ENDS
 from ._common import console, table
@@ -48,6 +50,9 @@ PRICES: dict[str, dict[str, float]] = {
         "gp3_gb_month": 0.08,
         "s3_gb_month": 0.023,  # S3 Standard, first 50 TB (public pricing page, as recalled: not fetched here)
         "kms_key_month": 1.00,
+        # Secrets Manager (public pricing page, as recalled: not fetched here).
+        "secret_month": 0.40,
+        "secret_calls_10k": 0.05,
         # CloudWatch, standard resolution (public pricing page, as recalled: not fetched here).
         "cw_dashboard_month": 3.00,
         "cw_alarm_metric_month": 0.10,
@@ -119,6 +124,7 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
     keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
     lines += _weights(list(resources), prices)
+    lines += _api_keys(template, prices)
     lines += _observability(list(resources), prices)
     return lines, label
 
@@ -132,6 +138,28 @@ def _weights(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[
         note = "one copy per revision staged" if size else "model outside the catalogue: size unknown"
         lines.append(Line("Model weights in S3", round(size or 0, 1), prices["s3_gb_month"] / HOURS_30_DAYS, note))
     return lines
+
+
+def _api_keys(template: dict[str, Any], prices: dict[str, float]) -> list[Line]:
+    """The key secret, and every Serve proxy (one per Ray pod) reading it every refresh."""
+    services = [o for o in kubernetes_objects(template) if o.get("kind") == "RayService"]
+    cluster = services[0]["spec"]["rayClusterConfig"] if services else {}
+    head = cluster.get("headGroupSpec", {}).get("template", {}).get("spec", {}).get("containers", [{}])[0]
+    env = {e["name"]: e.get("value") for e in head.get("env", [])}
+    if proxy.REFRESH_ENV not in env:
+        return []
+    pods = 1 + sum(int(group.get("minReplicas", group["replicas"])) for group in cluster["workerGroupSpecs"])
+    calls_per_hour = pods * 3600 / float(env[proxy.REFRESH_ENV])
+    secrets = sum(r["Type"] == "AWS::SecretsManager::Secret" for r in template["Resources"].values())
+    return [
+        Line("Secrets Manager secret (API keys)", secrets, prices["secret_month"] / HOURS_30_DAYS),
+        Line(
+            "Secrets Manager reads (API keys)",
+            round(calls_per_hour),
+            prices["secret_calls_10k"] / 10_000,
+            f"{pods} Serve proxies, one read each every {env[proxy.REFRESH_ENV]} s",
+        ),
+    ]
 
 
 def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:
