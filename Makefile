@@ -3,6 +3,7 @@
 #   make test    every check: format, lint, types, tests (Ray config validation and the CPU
 #                rehearsal included)
 #   make rehearse  run the synthesized serve application on this CPU and probe it
+#   make rehearse-faults  the same under load while a replica or the GCS is killed
 #   make rehearse-gpu / emulate-gpu / bench-gpu  the same on NVIDIA GPUs with the image's stack
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -29,7 +30,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # fresh machine; Python compiles what it imports, when it imports it.
 export PIP_NO_COMPILE := 1
 
-.PHONY: synth test test-core deps lint rayenv rehearse rehearse-gpu rehearse-gpu-image emulate-gpu bench-gpu clean
+.PHONY: synth test test-core deps lint rayenv rehearse rehearse-faults rehearse-gpu rehearse-gpu-image emulate-gpu bench-gpu clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +69,10 @@ rayenv: $(VENV_RAY)/.deps
 
 rehearse: $(VENV_REHEARSE)/.deps synth
 	$(VENV_REHEARSE)/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
+
+# Faults under load on this CPU (a replica killed, the GCS killed): about 6 minutes, not in `make test`.
+rehearse-faults: $(VENV_REHEARSE)/.deps synth
+	$(VENV_REHEARSE)/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
 
 $(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.py
 	PYTHON=$(PYTHON) rehearsal/gpu_install.sh $(VENV_GPU)

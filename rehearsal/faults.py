@@ -1,0 +1,315 @@
+"""Faults under load, on this machine: the deployed PD app (the rehearsal's profile) serving a
+constant stream of greedy streamed chat requests on 127.0.0.1 while one fault at a time is
+injected:
+
+1. the decode replica's process is killed mid-stream;
+2. the prefill replica's process is killed while requests are in flight;
+3. the Ray head's GCS is killed (last: this rehearsal has no GCS fault tolerance to restore it).
+
+For each: how many requests failed and how (HTTP status, error text), how long until a request
+started after the fault succeeded again, and whether any completed answer differs from the app's
+own answer to the same prompt before any fault (greedy: it must not). Bounded: each fault waits
+at most ``--recovery-bound-s``; everything started is stopped at the end.
+
+Without GCS fault tolerance a dead GCS takes the raylet down, and the raylet takes every Ray
+process with it, the driver included. So the Ray side runs in a child process (its own session)
+that writes each request's outcome and each fault to an events file as they happen; this process
+judges from that file once the child has ended, however it ended.
+
+    .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from . import profile, tiny_checkpoint
+from .harness import LOCAL_ENV, MARKER, PROMPTS, build, deploy, free_port, kill_marked, local_ray, log
+from .probes import Endpoint
+
+MAX_TOKENS = 24
+STREAMS = 2  # concurrent clients
+
+
+@dataclass
+class Outcome:
+    prompt: str
+    started: float
+    ended: float
+    status: int | None  # HTTP status; None: no response (connection dropped)
+    error: str | None  # the error body or exception, cut short
+    text: str
+    finish_reason: str | None = None  # None: the stream ended before its last chunk
+    done: bool = False  # the stream's closing ``data: [DONE]`` arrived
+
+    @property
+    def complete(self) -> bool:
+        return self.status == 200 and not self.error and self.done and self.finish_reason is not None
+
+    @property
+    def kind(self) -> str:
+        """How it ended, as a client sees it."""
+        if self.complete:
+            return "complete"
+        if self.status is None:
+            return f"no response ({(self.error or '')[:80]})"
+        if self.status != 200:
+            return f"HTTP {self.status}: {(self.error or '')[:100]}"
+        if self.error:
+            return f"error chunk: {self.error[:100]}"
+        return f"stream cut after {len(self.text)} characters (HTTP 200, no [DONE])"
+
+
+def _stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
+    body = {
+        "model": endpoint.model_id,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    started, pieces, status, error = time.time(), [], None, None
+    finish, done = None, False
+    try:
+        with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            status = response.status_code
+            if status != 200:
+                error = response.read().decode(errors="replace")[:300]
+            else:
+                for line in response.iter_lines():
+                    data = line.removeprefix("data: ")
+                    if data == "[DONE]":
+                        done = True
+                    if not line.startswith("data: ") or data == "[DONE]":
+                        continue
+                    chunk = json.loads(data)
+                    if "error" in chunk:
+                        error = json.dumps(chunk["error"])[:300]
+                        break
+                    choices = chunk.get("choices") or []
+                    if choices and choices[0]["delta"].get("content"):
+                        pieces.append(choices[0]["delta"]["content"])
+                    if choices and choices[0].get("finish_reason"):
+                        finish = choices[0]["finish_reason"]
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        error = f"{type(exc).__name__}: {exc}"[:300]
+    return Outcome(prompt, started, time.time(), status, error, "".join(pieces), finish, done)
+
+
+class Events:
+    """Appends one JSON object a line, flushed at once (the process may be killed next)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = path.open("a")
+        self._lock = threading.Lock()
+
+    def write(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self._file.write(json.dumps(event) + "\n")
+            self._file.flush()
+
+
+class Load:
+    """``STREAMS`` clients sending one request after another until stopped."""
+
+    def __init__(self, endpoint: Endpoint, events: Events) -> None:
+        self.endpoint = endpoint
+        self.events = events
+        self.outcomes: list[Outcome] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(STREAMS)]
+
+    def _run(self, index: int) -> None:
+        with httpx.Client(base_url=self.endpoint.base_url, timeout=120) as client:
+            turn = index
+            while not self._stop.is_set():
+                outcome = _stream(client, self.endpoint, PROMPTS[turn % len(PROMPTS)])
+                turn += 1
+                with self._lock:
+                    self.outcomes.append(outcome)
+                self.events.write({"type": "outcome", **asdict(outcome)})
+                if not outcome.complete:
+                    time.sleep(0.2)  # a client's pause before it retries
+
+    def __enter__(self) -> Load:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=150)
+
+    def since(self, moment: float) -> list[Outcome]:
+        with self._lock:
+            return [o for o in self.outcomes if o.ended >= moment]
+
+
+def _processes(run_id: str, title: str) -> list[psutil.Process]:
+    found = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("EKS_PD_REHEARSAL_RUN") == run_id and title in " ".join(process.cmdline()):
+                found.append(process)
+    return found
+
+
+def _kill(run_id: str, title: str) -> list[int]:
+    victims = _processes(run_id, title)
+    for process in victims:
+        with contextlib.suppress(psutil.Error):
+            process.send_signal(signal.SIGKILL)
+    return [p.pid for p in victims]
+
+
+def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0) -> None:
+    """Inject, wait (bounded) until two requests started after the fault completed, keep the
+    load ``hold_s`` longer; the events file records when."""
+    time.sleep(3.0)  # steady load first
+    at = time.time()
+    killed = inject()
+    load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s})
+    log(f"== fault {name}: killed {killed}")
+    while time.time() - at < bound_s:
+        if len([o for o in load.since(at) if o.started > at and o.complete]) >= 2:
+            break
+        time.sleep(0.5)
+    time.sleep(2.0 + hold_s)
+    load.events.write({"type": "fault_end", "name": name, "at": time.time()})
+
+
+def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
+    """Per fault: the requests it could touch (in flight at it, or started before recovery and
+    the hold), how they ended, the recovery time, and the completed answers that differ from
+    the app's own before any fault."""
+    expected = next(e["answers"] for e in events if e["type"] == "expected")
+    fields = set(Outcome.__dataclass_fields__)
+    outcomes = [Outcome(**{k: v for k, v in e.items() if k in fields}) for e in events if e["type"] == "outcome"]
+    faults = [e for e in events if e["type"] == "fault"]
+    results = []
+    for index, fault in enumerate(faults):
+        at = fault["at"]
+        until = faults[index + 1]["at"] if index + 1 < len(faults) else float("inf")
+        window = [o for o in outcomes if o.ended >= at and o.started < until]
+        good = sorted(o.ended for o in window if o.started > at and o.complete)
+        recovered_s = good[1] - at if len(good) >= 2 and good[1] - at <= bound_s + 5 else None
+        affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]
+        completed = [o for o in window if o.complete]
+        results.append(
+            {
+                "fault": fault["name"],
+                "killed": fault["killed"],
+                "requests_affected": len(affected),
+                "requests_failed": sum(not o.complete for o in affected),
+                "failures": dict(Counter(o.kind for o in affected if not o.complete)),
+                "recovered_s": recovered_s,
+                "held_s": fault["hold_s"],
+                "first_failure_s": min((o.ended - at for o in affected if not o.complete), default=None),
+                "completed": len(completed),
+                "wrong_answers": sum(o.text != expected[o.prompt] for o in completed),
+                "ended_by_fault": not any(e["type"] == "fault_end" and e["name"] == fault["name"] for e in events),
+            }
+        )
+    return results
+
+
+def _child(args: argparse.Namespace) -> int:
+    """The Ray side: deploy, the app's own answers, then the faults under load."""
+    events = Events(args.events)
+    ray_service = profile.ray_service_from_template(args.template)
+    checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
+    deployed = profile.serve_config(ray_service)
+    (app,) = deployed["applications"]
+    rehearsed = profile.local_profile(deployed, checkpoint)
+    model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
+    env = {**profile.worker_env(ray_service), **LOCAL_ENV}
+    for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY")) or k == "PYTHONPATH"]:
+        env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
+    http_port, metrics_port = free_port(), free_port()
+    endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
+    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)) as run_id:
+        events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
+        with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
+            answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
+        if not all(a.complete for a in answers.values()):
+            raise RuntimeError("the app did not answer every prompt before any fault")
+        events.write({"type": "expected", "answers": {p: a.text for p, a in answers.items()}})
+        with Load(endpoint, events) as load:
+            # GCS last, held 90 s: past Ray's 60 s default for raylets to reconnect to a GCS.
+            for name, title, hold_s in (("decode replica killed", "ServeReplica:pd-openai:Decode", 0.0),
+                                        ("prefill replica killed", "ServeReplica:pd-openai:Prefill", 0.0),
+                                        ("GCS killed (no fault tolerance)", "gcs_server", 90.0)):  # fmt: skip
+                _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s, hold_s)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
+    parser.add_argument("--checkpoint", type=Path, default=Path(".rehearsal/tiny-checkpoint"))
+    parser.add_argument("--report", type=Path, default=Path(".rehearsal/faults.json"))
+    parser.add_argument("--timeout-s", type=float, default=240.0)
+    parser.add_argument("--recovery-bound-s", type=float, default=240.0)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for noisy in ("httpx", "ray", "ray.serve", "vllm"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.child:
+        return _child(args)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
+    events_file = args.report.with_suffix(".events.jsonl")
+    events_file.unlink(missing_ok=True)
+    run_id = os.environ.get(MARKER) or f"faults-{os.getpid()}"
+    command = [sys.executable, "-m", "rehearsal.faults", "--child", "--events", str(events_file),
+               "--template", str(args.template), "--checkpoint", str(args.checkpoint),
+               "--timeout-s", str(args.timeout_s), "--recovery-bound-s", str(args.recovery_bound_s)]  # fmt: skip
+    bound_s = args.timeout_s + 3 * (args.recovery_bound_s + 100) + 300
+    try:
+        child = subprocess.run(
+            command, env={**os.environ, MARKER: run_id}, start_new_session=True, timeout=bound_s, check=False
+        )
+        exit_code: int | None = child.returncode
+    except subprocess.TimeoutExpired:
+        exit_code = None
+    finally:
+        stopped = kill_marked(run_id)
+    events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+    faults = judge(events, args.recovery_bound_s) if any(e["type"] == "expected" for e in events) else []
+    report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
+              "streams": STREAMS, "faults": faults}  # fmt: skip
+    args.report.write_text(json.dumps(report, indent=2))
+    for fault in faults:
+        log(
+            f"{fault['fault']}: {fault['requests_failed']} of {fault['requests_affected']} failed {fault['failures']}; "
+            f"recovered in {fault['recovered_s']} s; first failure at {fault['first_failure_s']} s; "
+            f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong"
+        )
+    # Must hold: every fault was injected, no completed answer differs, each replica fault recovers.
+    replica_faults = [f for f in faults if "replica" in f["fault"]]
+    ok = len(faults) == 3 and all(f["recovered_s"] is not None for f in replica_faults)
+    ok = ok and all(f["wrong_answers"] == 0 for f in faults)
+    log(f"{'PASS' if ok else 'FAIL'}: faults rehearsed; report in {args.report}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
