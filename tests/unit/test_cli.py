@@ -369,6 +369,8 @@ def test_verify_passes_on_the_designed_layout(api: Any) -> None:
     assert system == {"ip-10-0-96-5.ec2.internal"} and all(c.passed for c in checks) and len(checks) == 2
     pod_checks, pod_nodes = verify.check_pods(api, "inference", "ray-llm-", system)
     assert all(c.passed for c in pod_checks), pod_checks
+    (head,) = [c for c in pod_checks if c.name.startswith("head")]
+    assert head.detail == "on node ip-10-0-96-5.ec2.internal; 0 restarts of ray-head"
     assert [c.detail for c in pod_checks if c.name.startswith("NIXL")] == [verify.LIBFABRIC] * 2
     apps = json.loads((FIXTURES / "serve-applications.json").read_text())
     assert verify.check_replica_placement(apps, pod_nodes).passed
@@ -706,3 +708,16 @@ def test_cost_of_api_keys_is_the_secret_and_every_proxys_reads(tmp_path: Path) -
 def test_cost_without_api_keys_has_no_secrets_manager_lines(template_file: Path) -> None:
     lines, _ = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     assert not [line for line in lines if line.item.startswith("Secrets Manager")]
+
+
+def test_verify_counts_the_heads_restarts() -> None:
+    from kubernetes.client import V1ContainerStatus, V1Pod, V1PodStatus
+
+    def status(name: str, count: int) -> V1ContainerStatus:
+        return V1ContainerStatus(name=name, restart_count=count, ready=True, image="", image_id="")
+
+    pod = V1Pod(status=V1PodStatus(container_statuses=[status("ray-head", 3), status("autoscaler", 5)]))
+    assert verify.head_restarts(pod) == "3 restarts of ray-head"
+    assert verify.head_restarts(V1Pod(status=V1PodStatus(container_statuses=[status("ray-head", 1)]))) == (
+        "1 restart of ray-head"
+    )

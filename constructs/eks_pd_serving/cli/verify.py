@@ -1,7 +1,8 @@
 """After `cdk deploy`, with your kubeconfig: is it serving the way it was designed to?
 
 - every GPU node advertises nvidia.com/gpu and vpc.amazonaws.com/efa;
-- the Ray head runs on a system node;
+- the Ray head runs on a system node, and how often its container restarted (each restart,
+  without GCS fault tolerance, rebuilt the Ray cluster);
 - prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
 - worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
 - /v1/models and one streamed chat completion answer, with time to first token (--endpoint);
@@ -98,7 +99,8 @@ def check_pods(
     checks = []
     for head in heads:
         on_system = head.spec.node_name in system_nodes
-        checks.append(Check(f"head {head.metadata.name}", on_system, f"on node {head.spec.node_name}"))
+        detail = f"on node {head.spec.node_name}; {head_restarts(head)}"
+        checks.append(Check(f"head {head.metadata.name}", on_system, detail))
     if not heads:
         checks.append(Check("Ray head", False, f"no head pod of {cluster_prefix} in {namespace}"))
     for worker in workers:
@@ -112,6 +114,14 @@ def check_pods(
     if not workers:
         checks.append(Check("Ray workers", False, f"no worker pod of {cluster_prefix} in {namespace}"))
     return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}
+
+
+def head_restarts(head: Any) -> str:
+    """The head container's restarts: without GCS fault tolerance each one rebuilt the Ray cluster
+    (every engine reloaded; docs/features/failures.md)."""
+    statuses = (head.status.container_statuses if head.status else None) or []
+    count = sum(s.restart_count or 0 for s in statuses if s.name == "ray-head")
+    return f"{count} restart{'' if count == 1 else 's'} of ray-head"
 
 
 NETWORK_POLICIES = LOCK_DOWN_POLICIES
