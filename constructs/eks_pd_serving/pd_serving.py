@@ -171,11 +171,11 @@ class PdServing(Construct):
         """EKS Pod Identity for the Ray pods' service accounts: the workers read the staged prefix
         and the key secret, the head only the key secret. The associations, for the RayService to
         wait on."""
-        self.weights_access: eks.CfnPodIdentityAssociation | None = None
+        self.worker_access: eks.CfnPodIdentityAssociation | None = None
         self.head_access: eks.CfnPodIdentityAssociation | None = None
         workers, head = mapping.worker_service_account(config), mapping.head_service_account(config)
         if self.weights or self.api_keys:
-            role, self.weights_access = pod_identity_role(
+            role, self.worker_access = pod_identity_role(
                 Construct(self, "WorkerIdentity"),
                 cluster=self.eks.cluster,
                 namespace=config.namespace,
@@ -196,7 +196,7 @@ class PdServing(Construct):
                 description=_identity_description("Ray head", False, True),
             )
             self.api_keys.grant_read(role)
-        return [access for access in (self.weights_access, self.head_access) if access]
+        return [access for access in (self.worker_access, self.head_access) if access]
 
     def _observe(self, config: DeploymentConfig) -> None:
         """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before
