@@ -14,6 +14,7 @@ from support import API_KEYS_SECRET_ARN, build_stack, resources_of_type
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.endpoint import proxy
+from eks_pd_serving.k8s.network import RAY_NODE_LABELS
 
 CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
 # Ray Serve's flags that replace the Python proxy (HAProxy, direct ingress) or make decode the
@@ -190,3 +191,18 @@ def test_a_key_pasted_as_the_secret_arn_is_not_echoed() -> None:
     with pytest.raises(ConfigError) as raised:
         DeploymentConfig.create(endpoint_exposure="internal", api_keys_secret_arn=canary)
     assert canary not in str(raised.value) and "api_keys_secret_arn=<hidden>" in str(raised.value)
+
+
+def test_every_pod_the_serve_port_admits_clients_to_checks_keys(internal: dict[str, Any]) -> None:
+    """The lock-down and the check together: port 8000 is open (to the namespace and the NLB's
+    subnets) only on Ray pods, and every Ray pod's proxy runs the check."""
+    policies = {o["metadata"]["name"]: o for o in kubernetes_objects(internal) if o["kind"] == "NetworkPolicy"}
+    opened_8000 = [
+        policy
+        for policy in policies.values()
+        for rule in policy["spec"].get("ingress", [])
+        if any(port.get("port") == 8000 for port in rule.get("ports", []))
+    ]
+    assert opened_8000 and all(p["spec"]["podSelector"]["matchLabels"] == RAY_NODE_LABELS for p in opened_8000)
+    # KubeRay labels every pod of every group with RAY_NODE_LABELS; each group's pods load the check.
+    assert all(_env(pod)[proxy.CALLBACK_ENV] == proxy.CALLBACK for pod in _pods(_ray_service(internal)))
