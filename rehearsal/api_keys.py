@@ -22,13 +22,14 @@ import httpx
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.endpoint import proxy
 
+from . import local_aws
+from .local_aws import moto_server
 from .probes import Endpoint, ProbeFailed
 
 FIRST_ID, ROTATED_ID = "rehearsal", "rotated"
 # The deployed 30 s would make each rotation step wait half a minute; the bound scales with it.
 LOCAL_REFRESH_S = 2
 KEY_ENV = "EKS_PD_REHEARSAL_API_KEY"  # a caller's own first key (a test greps for it)
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal", "AWS_REGION": "us-east-1"}
 # Without a key, each must be refused (Ray Serve LLM's routes, Serve's route table, a path nothing serves).
 REFUSED = [
     ("GET", "/v1/models"),
@@ -71,23 +72,16 @@ def local_keys(template_file: Path, work: Path, port: int) -> Iterator[LocalKeys
     if deployed is None:
         yield None
         return
-    import boto3
-    from moto.server import ThreadedMotoServer
-
     source, env = deployed
     code = work / "api-keys-code"
     code.mkdir(parents=True, exist_ok=True)
     (code / proxy.FILE_NAME).write_text(source)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        client = boto3.client("secretsmanager", endpoint_url=endpoint, region_name="us-east-1",
-                              aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal")  # fmt: skip
+    with moto_server(port) as endpoint:
+        client = local_aws.client("secretsmanager", endpoint)
         key = os.environ.get(KEY_ENV) or secrets.token_urlsafe(36)
         secret_id = client.create_secret(Name="rehearsal-api-keys", SecretString=json.dumps({FIRST_ID: key}))["ARN"]
         local_env = {
-            **_CREDENTIALS,
+            **local_aws.CREDENTIALS,
             proxy.CALLBACK_ENV: env[proxy.CALLBACK_ENV],
             # The deployed PYTHONPATH is the mount; here the same file is in ``code``.
             "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])),
@@ -96,8 +90,6 @@ def local_keys(template_file: Path, work: Path, port: int) -> Iterator[LocalKeys
             "AWS_ENDPOINT_URL_SECRETS_MANAGER": endpoint,
         }
         yield LocalKeys(local_env, key, secret_id, client, int(env[proxy.REFRESH_ENV]))
-    finally:
-        server.stop()
 
 
 def _sdk(endpoint: Endpoint, key: str) -> Any:

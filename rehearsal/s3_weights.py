@@ -14,9 +14,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from .local_aws import CREDENTIALS, client, moto_server
+
 # The deployed bucket is the stack's (its name is a CloudFormation Ref); here it is this one.
 BUCKET = "rehearsal-model-weights"
-_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "rehearsal", "AWS_SECRET_ACCESS_KEY": "rehearsal", "AWS_REGION": "us-east-1"}
 
 
 @dataclass(frozen=True)
@@ -51,15 +52,8 @@ def prefix_of(model_source: str) -> str:
 @contextlib.contextmanager
 def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Iterator[StagedWeights]:
     """moto's S3 server with ``checkpoint`` staged under the deployed prefix, for the block."""
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
-        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal")  # fmt: skip
+    with moto_server(port) as endpoint:
+        s3 = client("s3", endpoint)
         s3.create_bucket(Bucket=BUCKET)
         prefix, sha = prefix_of(deployed_source), uuid.uuid4().hex
         for path in sorted(p for p in checkpoint.iterdir() if p.is_file()):
@@ -68,7 +62,5 @@ def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Ite
         s3.put_object(Bucket=BUCKET, Key=f"{prefix}/.staged", Body=b"rehearsal")
         cache = work / f"hf-cache-{sha[:8]}"
         cache.mkdir(parents=True, exist_ok=True)
-        env = {**_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+        env = {**CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
         yield StagedWeights(uri=f"s3://{BUCKET}/{prefix}", env=env, sha=sha, cache=cache)
-    finally:
-        server.stop()
