@@ -57,6 +57,9 @@ class PdServingStack(Stack):
                 "DashboardUrl",
                 value=f"https://{region}.console.aws.amazon.com/cloudwatch/home?region={region}#dashboards/dashboard/{name}",
             )
+        if self.serving.gcs_store is not None:
+            # `verify` asks ElastiCache for this group's state (the head's GCS store).
+            CfnOutput(self, "GcsStoreId", value=self.serving.gcs_store.replication_group_id)
         keys = self.serving.api_keys
         auth = ""
         if keys is not None:

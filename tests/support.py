@@ -18,7 +18,7 @@ import yaml
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from eks_pd_serving.config import DeploymentConfig
-from eks_pd_serving.k8s import RayServiceChart
+from eks_pd_serving.k8s import GcsFaultToleranceSpec, RayServiceChart
 from eks_pd_serving.mapping import ray_service_props
 from stacks.pd_serving_stack import PdServingStack
 
@@ -173,13 +173,18 @@ RAY_IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.
 
 
 # Stands in for the key secret's ARN (a CloudFormation token in the stack) when a chart is rendered alone.
+# What the GCS store's address and token secret resolve to on a deploy (GcsStore.address's form).
+GCS_STORE_ADDRESS = "rediss://master.ray-gcs-store.abc123.use1.cache.amazonaws.com:6379"
+GCS_TOKEN_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:gcs-store-token-AbCdEf"
 API_KEYS_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:api-keys-AbCdEf"
 
 
 def render(**settings: Any) -> list[dict[str, Any]]:
+    """The RayService chart as the stack builds it, with stand-ins for what CloudFormation resolves."""
     config = DeploymentConfig.create(**settings)
     secret = API_KEYS_SECRET_ARN if config.api_keys_on else None
-    props = ray_service_props(config, RAY_IMAGE, api_keys_secret_arn=secret)
+    gcs = GcsFaultToleranceSpec(GCS_STORE_ADDRESS, GCS_TOKEN_ARN) if config.gcs_fault_tolerance else None
+    props = ray_service_props(config, RAY_IMAGE, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs)
     chart = RayServiceChart(cdk8s.App(), "RayService", props=props)
     return list(cdk8s.Testing.synth(chart))
 

@@ -6,6 +6,7 @@ settings; ``PdServing`` only composes and orders what this returns."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from aws_cdk import Aws
 
@@ -16,6 +17,7 @@ from .config import DeploymentConfig
 from .k8s import (
     ApiKeysSpec,
     EngineSpec,
+    GcsFaultToleranceSpec,
     KvTransferSpec,
     ModelSpec,
     PodResources,
@@ -116,7 +118,8 @@ def worker_service_account(config: DeploymentConfig) -> str:
 
 def head_service_account(config: DeploymentConfig) -> str:
     """The Ray head's service account, which EKS Pod Identity lets read the API key secret (its
-    Serve proxy checks keys too); in every configuration, as the workers'."""
+    Serve proxy checks keys too) and the GCS store's token (its init container); in every
+    configuration, as the workers'."""
     return f"{config.ray_service_name}-head"
 
 
@@ -126,12 +129,22 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> ApiKeysSp
     return ApiKeysSpec(secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s)
 
 
+def gcs_store_props(config: DeploymentConfig) -> dict[str, Any]:
+    """The GCS store's sizing (fault_tolerance.GcsStore takes the same-named keywords)."""
+    return {"node_type": config.gcs_store_node_type, "replicas": config.gcs_store_replicas}
+
+
 def ray_service_props(
-    config: DeploymentConfig, image: str, weights_uri: str | None = None, api_keys_secret_arn: str | None = None
+    config: DeploymentConfig,
+    image: str,
+    weights_uri: str | None = None,
+    api_keys_secret_arn: str | None = None,
+    gcs_fault_tolerance: GcsFaultToleranceSpec | None = None,
 ) -> RayServiceProps:
     """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
     through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself.
-    ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check."""
+    ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check.
+    ``gcs_fault_tolerance``: the GCS store's address and token secret; None: no head fault tolerance."""
     facts = config.model_facts
     api_keys = api_keys_spec(config, api_keys_secret_arn)
     aws_calls = bool(weights_uri or api_keys)
@@ -165,4 +178,5 @@ def ray_service_props(
         worker_service_account=worker_service_account(config),
         aws_region=region(config) if aws_calls else None,
         api_keys=api_keys,
+        gcs_fault_tolerance=gcs_fault_tolerance,
     )

@@ -21,8 +21,9 @@ from .endpoint.api_keys import ApiKeys
 from .endpoint.internal_endpoint import InternalEndpoint
 from .endpoint.load_balancer_controller import AwsLoadBalancerController
 from .endpoint.serving_network import ServingNetwork
+from .fault_tolerance.gcs_store import GcsStore
 from .gpu_node_group import EfaGpuNodeGroup
-from .k8s import EndpointServiceProps, ServingNetworkProps
+from .k8s import EndpointServiceProps, GcsFaultToleranceSpec, ServingNetworkProps
 from .k8s.network import endpoint_service_name
 from .kuberay_operator import NAMESPACE as OPERATOR_NAMESPACE
 from .kuberay_operator import KubeRayOperator
@@ -123,6 +124,7 @@ class PdServing(Construct):
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
         weights = self._stage_weights(config)
         self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=config.api_keys_secret_arn) if config.api_keys_on else None
+        self.gcs_store = self._gcs_store(config)
         access = self._grant_ray_pods(config)
         self.ray_service = RayServiceManifest(
             self,
@@ -132,6 +134,9 @@ class PdServing(Construct):
                 mapping.image(config),
                 weights.uri if weights else None,
                 self.api_keys.secret_arn if self.api_keys else None,
+                GcsFaultToleranceSpec(self.gcs_store.address, self.gcs_store.auth_token.secret_arn)
+                if self.gcs_store
+                else None,
             ),
             cluster=cluster,
             depends_on=[
@@ -167,10 +172,25 @@ class PdServing(Construct):
         )
         return self.weights
 
+    def _gcs_store(self, config: DeploymentConfig) -> GcsStore | None:
+        """With ``gcs_fault_tolerance``: the head's GCS store in the private subnets, admitting the
+        cluster security group (the nodes', the head's among them)."""
+        if not config.gcs_fault_tolerance:
+            return None
+        private = self.network.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+        return GcsStore(
+            self,
+            "GcsStore",
+            vpc=self.network.vpc,
+            subnets=private.subnets,
+            client_security_group_id=self.eks.cluster.cluster_security_group_id,
+            **mapping.gcs_store_props(config),
+        )
+
     def _grant_ray_pods(self, config: DeploymentConfig) -> list[eks.CfnPodIdentityAssociation]:
         """EKS Pod Identity for the Ray pods' service accounts: the workers read the staged prefix
-        and the key secret, the head only the key secret. The associations, for the RayService to
-        wait on."""
+        and the key secret; the head the key secret and the GCS store's token. The associations,
+        for the RayService to wait on."""
         self.worker_access: eks.CfnPodIdentityAssociation | None = None
         self.head_access: eks.CfnPodIdentityAssociation | None = None
         workers, head = mapping.worker_service_account(config), mapping.head_service_account(config)
@@ -187,15 +207,18 @@ class PdServing(Construct):
                 nag.acknowledge(role, nag.model_readers(self.weights.bucket, self.weights.prefix))
             if self.api_keys:
                 self.api_keys.grant_read(role)
-        if self.api_keys:
+        if self.api_keys or self.gcs_store:
             role, self.head_access = pod_identity_role(
                 Construct(self, "HeadIdentity"),
                 cluster=self.eks.cluster,
                 namespace=config.namespace,
                 service_account=head,
-                description=_identity_description("Ray head", False, True),
+                description=_identity_description("Ray head", False, bool(self.api_keys), bool(self.gcs_store)),
             )
-            self.api_keys.grant_read(role)
+            if self.api_keys:
+                self.api_keys.grant_read(role)
+            if self.gcs_store:
+                self.gcs_store.grant_token_read(role)
         return [access for access in (self.worker_access, self.head_access) if access]
 
     def _observe(self, config: DeploymentConfig) -> None:
@@ -306,9 +329,15 @@ class PdServing(Construct):
                 )
 
 
-def _identity_description(pods: str, weights: bool, api_keys: bool) -> str:
+def _identity_description(pods: str, weights: bool, api_keys: bool, gcs_token: bool = False) -> str:
     reads = [
-        what for what, wanted in (("the staged model weights", weights), ("the API key secret", api_keys)) if wanted
+        what
+        for what, wanted in (
+            ("the staged model weights", weights),
+            ("the API key secret", api_keys),
+            ("the GCS store's token", gcs_token),
+        )
+        if wanted
     ]
     return f"{pods}: read {' and '.join(reads)}"
 

@@ -112,6 +112,15 @@ CLUSTER_AUTOSCALER_POLICY: Final = "policies/cluster-autoscaler-v1.35.2.json"
 # DescribeAddonConfiguration); nothing here can.
 CLOUDWATCH_OBSERVABILITY_CHART_VERSION: Final = "6.4.0"
 CLOUDWATCH_OBSERVABILITY_ADDON_VERSION: Final = f"v{CLOUDWATCH_OBSERVABILITY_CHART_VERSION}-eksbuild.1"
+# The Ray head's GCS store (gcs_fault_tolerance): ElastiCache for Valkey with cluster mode
+# disabled: Ray 2.58's GCS takes a clustered store of one shard at most, and ElastiCache Serverless
+# failed over TLS (ray-project/ray#44965). Valkey speaks the Redis protocol Ray's client uses.
+GCS_STORE_ENGINE: Final = "valkey"
+GCS_STORE_ENGINE_VERSION: Final = "8.0"
+GCS_STORE_PORT: Final = 6379
+# The head's Ray container takes the store's token from a file (env valueFrom.fileKeyRef): the
+# EnvFiles feature, beta and on by default from Kubernetes 1.35 (alpha, off, in 1.34).
+ENV_FILES_KUBERNETES_VERSION: Final = "1.35"
 # cdk8s-plus is published per Kubernetes minor (cdk8s-plus-35 for 1.35); requirements.txt pins it.
 CDK8S_PLUS_PACKAGE: Final = "cdk8s-plus-" + DEFAULT_KUBERNETES_VERSION.split(".")[1]
 

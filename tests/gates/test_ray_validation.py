@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support import ROOT, ray_service, render
+from support import GCS_STORE_ADDRESS, ROOT, ray_service, render
 
 from eks_pd_serving import versions
 
@@ -225,3 +225,42 @@ def test_without_the_mounted_code_the_proxy_does_not_start(tmp_path: Path) -> No
     result = _run_hook(env)
     assert result.returncode == 1
     assert "eks_pd_api_keys:middlewares cannot be imported: No module named 'eks_pd_api_keys'" in result.stdout
+
+
+# Ray 2.58's own parse of RAY_REDIS_ADDRESS (ray/_private/services.py get_address, which the head's
+# node.py and start_gcs_server call), then KubeRay v1.7.0's Redis cleanup Job's parse of the same
+# variable, verbatim from buildRedisCleanupJob (raycluster_controller.go).
+_REDIS_ADDRESS_PROBE = """
+import json, os, sys
+from urllib.parse import urlparse
+from ray._private.services import get_address
+address = sys.stdin.read()
+host, port, ssl = get_address(address)
+redis_address = address.split(',')[0]
+redis_address = redis_address if '://' in redis_address else 'redis://' + redis_address
+parsed = urlparse(redis_address)
+print(json.dumps({"ray": [host, int(port), ssl], "cleanup": [parsed.hostname, parsed.port, parsed.scheme == 'rediss']}))
+"""
+
+
+def _parse_redis_address(address: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RAY_PYTHON), "-c", _REDIS_ADDRESS_PROBE], input=address, capture_output=True, text=True, check=False
+    )
+
+
+def test_ray_and_kuberays_cleanup_job_both_read_the_store_address_as_tls_on_its_port() -> None:
+    options = ray_service()["spec"]["rayClusterConfig"]["gcsFaultToleranceOptions"]
+    assert options["redisAddress"] == GCS_STORE_ADDRESS
+    host = GCS_STORE_ADDRESS.removeprefix("rediss://").rsplit(":", 1)[0]
+    expected = [host, versions.GCS_STORE_PORT, True]
+    result = _parse_redis_address(options["redisAddress"])
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"ray": expected, "cleanup": expected}
+
+
+def test_without_its_port_ray_refuses_the_store_address() -> None:
+    """The control: the port is not optional (Ray's parse_address finds no host:port)."""
+    host = GCS_STORE_ADDRESS.removeprefix("rediss://").rsplit(":", 1)[0]
+    result = _parse_redis_address(f"rediss://{host}")
+    assert result.returncode == 1 and "in get_address" in result.stderr

@@ -37,12 +37,21 @@ def _pods(service: dict[str, Any]) -> list[dict[str, Any]]:
     return [g["template"] for g in (cluster["headGroupSpec"], *cluster["workerGroupSpecs"])]
 
 
+def _key_secrets(template: dict[str, Any]) -> dict[str, Any]:
+    """The API key secrets (the GCS store's token is a secret of the default deployment too)."""
+    return {
+        rid: r
+        for rid, r in resources_of_type(template, "AWS::SecretsManager::Secret").items()
+        if r["Properties"]["Description"].startswith("API keys")
+    }
+
+
 def _env(pod: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env", [])}
 
 
 def test_the_stack_generates_the_first_key_at_deploy_and_encrypts_it_with_its_own_key(internal: dict[str, Any]) -> None:
-    ((_secret_id, secret),) = resources_of_type(internal, "AWS::SecretsManager::Secret").items()
+    ((_secret_id, secret),) = _key_secrets(internal).items()
     generated = secret["Properties"]["GenerateSecretString"]
     assert generated == {
         "ExcludePunctuation": True,
@@ -57,7 +66,7 @@ def test_the_stack_generates_the_first_key_at_deploy_and_encrypts_it_with_its_ow
 
 
 def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: dict[str, Any]) -> None:
-    (secret_id,) = resources_of_type(internal, "AWS::SecretsManager::Secret")
+    (secret_id,) = _key_secrets(internal)
     service = _ray_service(internal)
     for pod in _pods(service):
         env = _env(pod)
@@ -80,7 +89,7 @@ def proxy_code_annotation() -> str:
 
 
 def test_only_the_ray_pods_accounts_read_the_secret_and_nothing_else(internal: dict[str, Any]) -> None:
-    (secret_id,) = resources_of_type(internal, "AWS::SecretsManager::Secret")
+    (secret_id,) = _key_secrets(internal)
     associations = {
         a["Properties"]["ServiceAccount"]: a
         for a in resources_of_type(internal, "AWS::EKS::PodIdentityAssociation").values()
@@ -90,8 +99,8 @@ def test_only_the_ray_pods_accounts_read_the_secret_and_nothing_else(internal: d
     readers = []
     for policy in resources_of_type(internal, "AWS::IAM::Policy").values():
         for statement in policy["Properties"]["PolicyDocument"]["Statement"]:
-            if "secretsmanager:GetSecretValue" in statement["Action"]:
-                assert statement["Resource"] == {"Ref": secret_id}
+            granted = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            if "secretsmanager:GetSecretValue" in statement["Action"] and {"Ref": secret_id} in granted:
                 readers += [r["Ref"] for r in policy["Properties"]["Roles"]]
     roles = {a["Properties"]["RoleArn"]["Fn::GetAtt"][0] for a in associations.values()}
     assert sorted(readers) == sorted(roles)
@@ -111,16 +120,16 @@ def test_the_ray_service_waits_for_both_associations(internal: dict[str, Any]) -
 
 def test_port_forward_has_no_check_unless_asked() -> None:
     default = dict(Template.from_stack(build_stack()).to_json())
-    assert not resources_of_type(default, "AWS::SecretsManager::Secret")
+    assert not _key_secrets(default)
     assert all(proxy.CALLBACK_ENV not in _env(pod) for pod in _pods(_ray_service(default)))
     asked = dict(Template.from_stack(build_stack(api_keys=True)).to_json())
-    assert resources_of_type(asked, "AWS::SecretsManager::Secret")
+    assert _key_secrets(asked)
     assert all(proxy.CALLBACK_ENV in _env(pod) for pod in _pods(_ray_service(asked)))
 
 
 def test_internal_can_be_left_open_on_purpose() -> None:
     open_nlb = dict(Template.from_stack(build_stack(endpoint_exposure="internal", api_keys=False)).to_json())
-    assert not resources_of_type(open_nlb, "AWS::SecretsManager::Secret")
+    assert not _key_secrets(open_nlb)
     assert all(proxy.CALLBACK_ENV not in _env(pod) for pod in _pods(_ray_service(open_nlb)))
 
 
@@ -130,13 +139,15 @@ def test_a_brought_secret_is_read_by_its_arn_and_not_created() -> None:
             build_stack(endpoint_exposure="internal", region="us-east-1", api_keys_secret_arn=API_KEYS_SECRET_ARN)
         ).to_json()
     )
-    assert not resources_of_type(template, "AWS::SecretsManager::Secret")
+    assert not _key_secrets(template)
     assert {_env(pod)[proxy.SECRET_ENV] for pod in _pods(_ray_service(template))} == {API_KEYS_SECRET_ARN}
     resources = [
-        s["Resource"]
+        r
         for p in resources_of_type(template, "AWS::IAM::Policy").values()
         for s in p["Properties"]["PolicyDocument"]["Statement"]
         if "secretsmanager:GetSecretValue" in s["Action"]
+        for r in (s["Resource"] if isinstance(s["Resource"], list) else [s["Resource"]])
+        if isinstance(r, str)
     ]
     assert resources == [API_KEYS_SECRET_ARN, API_KEYS_SECRET_ARN]
 

@@ -264,7 +264,11 @@ def test_the_cluster_autoscaler_of_the_clusters_minor_runs_on_the_system_nodes(s
 
 
 def test_the_autoscaler_image_follows_the_kubernetes_version() -> None:
-    template = dict(Template.from_stack(build_stack(autoscaling=True, kubernetes_version="1.33")).to_json())
+    template = dict(
+        Template.from_stack(
+            build_stack(autoscaling=True, kubernetes_version="1.33", gcs_fault_tolerance=False)
+        ).to_json()
+    )
     assert helm_releases(template)["cluster-autoscaler"]["values"]["image"] == {"tag": "v1.33.6"}
     assert set(versions.CLUSTER_AUTOSCALER_IMAGE_TAGS) == set(versions.KUBERNETES_RELEASES)
     for minor, tag in versions.CLUSTER_AUTOSCALER_IMAGE_TAGS.items():
@@ -354,14 +358,14 @@ def test_cost_prices_every_group_at_its_min_and_at_its_max(tmp_path: Path) -> No
     at_min, at_max = sum(ln.hourly for ln in lines), sum(ln.hourly_at_max for ln in lines)
     # The fixed default's total at the minimum (observability included); two more g6.8xlarge with their
     # 200 GiB volumes at the maximum.
-    assert at_min * cost.HOURS_30_DAYS == pytest.approx(3202.20, abs=0.01)
+    assert at_min * cost.HOURS_30_DAYS == pytest.approx(3240.47, abs=0.01)
     assert at_max - at_min == pytest.approx(2 * 2.0144 + 2 * 200 * 0.08 / 720)
     result = subprocess.run(
         [sys.executable, "-m", "eks_pd_serving", "cost", "--template", str(template), "--on", "2026-11-29"],
         cwd=ROOT, env={**NO_AWS_ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0 and "30 days at max" in result.stdout
-    assert "$3,202.20" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout
+    assert "$3,240.47" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout
 
 
 def test_verify_names_scale_to_zero_when_a_phase_has_no_replica() -> None:

@@ -59,7 +59,8 @@ def test_port_forward_adds_no_load_balancer(default: dict[str, Any]) -> None:
     assert "aws-load-balancer-controller" not in helm_releases(default)
     assert not any(o["spec"].get("type") == "LoadBalancer" for o in _objects(default, "Service").values())
     associations = [r for r in default["Resources"].values() if r["Type"] == "AWS::EKS::PodIdentityAssociation"]
-    assert [a["Properties"]["ServiceAccount"] for a in associations] == ["ray-llm-workers"]  # the weights' readers
+    # The weights' readers and the head (the GCS store's token); no controller's.
+    assert sorted(a["Properties"]["ServiceAccount"] for a in associations) == ["ray-llm-head", "ray-llm-workers"]
 
 
 def test_internal_installs_the_pinned_controller_on_the_system_nodes(internal: dict[str, Any]) -> None:

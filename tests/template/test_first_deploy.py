@@ -198,7 +198,7 @@ def test_new_cluster_upgrades_are_a_setting_with_a_warning(stack_factory: Callab
 
 
 def _shm_bytes(pod: dict[str, Any]) -> int:
-    (volume,) = pod["spec"]["volumes"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "dshm"]
     assert volume["emptyDir"]["medium"] == "Memory"
     return int(volume["emptyDir"]["sizeLimit"].removesuffix("Gi")) * 2**30
 

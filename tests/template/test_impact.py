@@ -23,6 +23,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "observability_off": {"observability": False},
     "autoscaling": {"autoscaling": True},
     "wider": {"autoscaling": True, "gpu_max_node_count": 5},
+    "gcs_ft_off": {"gcs_fault_tolerance": False},
 }
 
 
@@ -146,3 +147,18 @@ def test_the_command_exits_0_without_a_change_and_2_on_a_missing_folder(
     missing = run_cli(str(tmp_path / "nowhere"), str(synthesized["base"]))
     assert missing.returncode == 2 and "not found. Fix: synthesize it first" in missing.stdout
     assert "Traceback" not in missing.stderr
+
+
+def test_gcs_fault_tolerance_on_creates_the_store_and_says_when_the_head_uses_it(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "gcs_ft_off", "base")
+    assert [c.action for c in by_type(result, "AWS::ElastiCache::ReplicationGroup")] == ["add"]
+    service = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    assert "not applied until the cluster is recreated" in service
+    assert "GCS fault tolerance turns on only in a RayCluster built from the new spec" in service
+
+
+def test_gcs_fault_tolerance_off_warns_that_the_running_head_loses_its_store(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "gcs_ft_off")
+    assert [c.action for c in by_type(result, "AWS::ElastiCache::ReplicationGroup")] == ["delete"]
+    service = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    assert "deletes the store while the running RayCluster still uses it" in service

@@ -73,7 +73,7 @@ def test_endpoint_allow_list_is_honoured(stack_factory: Callable[..., PdServingS
 
 
 def test_kubectl_layer_matches_the_kubernetes_version(stack_factory: Callable[..., PdServingStack]) -> None:
-    stack = stack_factory(kubernetes_version="1.33")
+    stack = stack_factory(kubernetes_version="1.33", gcs_fault_tolerance=False)
     template = Template.from_stack(stack)
     template.has_resource_properties("AWS::EKS::Cluster", {"Version": "1.33"})
     layer = stack.serving.eks.node.find_child("KubectlLayer")

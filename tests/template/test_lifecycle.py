@@ -24,6 +24,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "per_phase": {"gpu_layout": "per_phase"},
     "observability_off": {"observability": False},
     "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
+    "gcs_ft_off": {"gcs_fault_tolerance": False},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
             "alarm_email": "ops@example.com"},
 }  # fmt: skip
@@ -68,7 +69,7 @@ def test_no_object_kubectl_cannot_prune_leaves_a_manifest_when_a_setting_flips(
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 11
+    assert len(rules.TEMPLATE_RULES) == 12
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -299,3 +300,28 @@ def test_the_finalizer_rule_fails_when_the_service_no_longer_waits_for_the_contr
     (endpoint,) = [r for r in _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") if "InternalEndpoint" in r]
     (finding,) = rules.finalized_objects_outlive_no_controller(_without_edges(model, {controller}, of={endpoint}))
     assert finding.resource == endpoint and finding.missing.startswith(f"no dependency on {controller}")
+
+
+def test_the_gcs_store_rule_fails_when_the_ray_service_no_longer_waits_for_the_store_or_the_head(
+    variants: dict[str, StackModel],
+) -> None:
+    model = variants["default"]
+    (store,) = _ids(model, "AWS::ElastiCache::ReplicationGroup")
+    (association,) = _ids(model, "AWS::EKS::PodIdentityAssociation", ServiceAccount="ray-llm-head")
+    (service,) = [r for r in _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") if "RayService" in r]
+    # The manifest names the store's endpoint (a reference) and lists the association: drop both.
+    broken = json.loads(json.dumps(model.template))
+    body = broken["Resources"][service]
+    body["DependsOn"] = [d for d in body["DependsOn"] if d != association]
+    endpoint = json.dumps({"Fn::GetAtt": [store, "PrimaryEndPoint.Address"]})
+    body["Properties"]["Manifest"] = json.loads(json.dumps(body["Properties"]["Manifest"]).replace(endpoint, '"x"'))
+    found = rules.ray_clusters_outlive_no_gcs_store(StackModel(broken))
+    assert sorted(f.missing.split(" (")[0] for f in found) == sorted(
+        [f"no dependency on {store}", f"no dependency on {association}"]
+    )
+
+
+def test_the_gcs_store_rule_has_nothing_to_check_without_fault_tolerance(variants: dict[str, StackModel]) -> None:
+    model = variants["gcs_ft_off"]
+    assert not _ids(model, "AWS::ElastiCache::ReplicationGroup")
+    assert rules.ray_clusters_outlive_no_gcs_store(model) == []

@@ -79,15 +79,15 @@ def test_every_log_group_is_kms_encrypted_and_deleted_with_the_stack(template: T
 
 def test_every_kms_key_rotates(template: Template) -> None:
     keys = resources(template, "AWS::KMS::Key").values()
-    # secrets, flow logs, log groups, model weights
-    assert len(keys) == 4 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
+    # secrets, flow logs, log groups, model weights, GCS store
+    assert len(keys) == 5 and all(k["Properties"]["EnableKeyRotation"] for k in keys)
 
 
 def test_the_alarm_topics_key_rotates_too() -> None:
     from support import build_stack
 
     keys = Template.from_stack(build_stack(alarm_email="ops@example.com")).find_resources("AWS::KMS::Key")
-    assert len(keys) == 5 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
+    assert len(keys) == 6 and all(k["Properties"]["EnableKeyRotation"] for k in keys.values())
 
 
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
@@ -255,7 +255,10 @@ STATEFUL_IDS = {
         "PdServingNetworkFlowLogKey60984D8E",
         "PdServingLogsKeyCD93001E",
         "PdServingModelWeightsKey208352AB",
+        "PdServingGcsStoreKeyF551786C",
     },
+    # A new logical id would be a new, empty store: the head's GCS state (and the cluster) lost.
+    "AWS::ElastiCache::ReplicationGroup": {"PdServingGcsStoreA77F9243"},
     "AWS::EC2::PlacementGroup": {"PdServingGpuNodesPlacementGroupD08642E2"},
 }
 

@@ -87,17 +87,20 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     lines, label = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     hourly = sum(line.hourly for line in lines)
     # EKS 0.10 + NAT 0.045 + m7i.xlarge 0.2016 + 2 x g6.8xlarge 2.0144
-    # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h + 4 KMS keys (secrets, flow logs, logs, weights) x 1.00 / 720 h
+    # + gp3 (100 + 2 x 200 GiB) x 0.08 / 720 h
+    # + 5 KMS keys (secrets, flow logs, logs, weights, GCS store) x 1.00 / 720 h
     # + Qwen3.5-9B's bf16 checkpoint in S3: 2 x 9.02e9 bytes = 18.0 GB x 0.023 / 720 h
+    # + the GCS store: 2 x cache.t4g.small (Valkey) x 0.0256, its token's secret 0.40 / 720 h
     # + observability a month: 1 dashboard x 3.00, 3 alarm metrics (UCX 1, KV-over-EFA 2) x 0.10,
     #   14 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2 sources, 2 vLLM
     #   totals, the UCX line count) x 0.30
     observability = (3.00 + 3 * 0.10 + 14 * 0.30) / 720
     weights = 18.0 * 0.023 / 720
+    gcs_store = 2 * 0.0256 + 0.40 / 720
     assert hourly == pytest.approx(
-        0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 4 / 720 + weights + observability
+        0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 5 / 720 + weights + gcs_store + observability
     )
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3202.20, abs=0.01)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3240.47, abs=0.01)
     assert {line.item for line in lines} >= {
         "CloudWatch dashboard",
         "CloudWatch alarm metrics",
@@ -113,7 +116,7 @@ def test_cost_without_observability_has_no_cloudwatch_lines(tmp_path: Path) -> N
 
 
 def test_cost_uses_the_extended_support_price_past_standard_support(tmp_path: Path) -> None:
-    template = synth_assembly(tmp_path, nag=False, kubernetes_version="1.33")
+    template = synth_assembly(tmp_path, nag=False, kubernetes_version="1.33", gcs_fault_tolerance=False)
     lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
     (eks,) = [line for line in lines if line.item == "EKS control plane"]
     assert (eks.unit_price, eks.note) == (0.60, "1.33, extended support")
@@ -141,7 +144,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,202.20" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,240.47" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------
@@ -698,16 +701,39 @@ def test_verify_reports_an_open_endpoint_when_api_keys_are_off(endpoint_answerin
 def test_cost_of_api_keys_is_the_secret_and_every_proxys_reads(tmp_path: Path) -> None:
     template = json.loads(synth_assembly(tmp_path, nag=False, endpoint_exposure="internal").read_text())
     lines = {line.item: line for line in cost.estimate(template, "us-east-1", datetime.date(2026, 11, 29))[0]}
-    assert (lines["Secrets Manager secret (API keys)"].quantity, lines["KMS keys"].quantity) == (1, 5)
+    # Keys: the cluster's secrets, flow logs, logs, weights, GCS store and API keys.
+    assert (lines["Secrets Manager secret (API keys)"].quantity, lines["KMS keys"].quantity) == (1, 6)
     reads = lines["Secrets Manager reads (API keys)"]
     # The head and two workers, each reading every 30 s: 360 reads an hour, $0.05 per 10,000.
     assert (reads.quantity, reads.unit_price) == (360, 0.05 / 10_000)
     assert reads.note == "3 Serve proxies, one read each every 30 s"
 
 
-def test_cost_without_api_keys_has_no_secrets_manager_lines(template_file: Path) -> None:
+def test_cost_without_api_keys_has_no_api_key_lines(template_file: Path) -> None:
     lines, _ = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
-    assert not [line for line in lines if line.item.startswith("Secrets Manager")]
+    assert not [line for line in lines if "API keys" in line.item]
+
+
+def test_cost_of_the_gcs_store_is_its_nodes_and_its_token(template_file: Path) -> None:
+    lines = {line.item: line for line in cost.estimate(json.loads(template_file.read_text()), "us-east-1",
+                                                       datetime.date(2026, 11, 29))[0]}  # fmt: skip
+    nodes = lines["ElastiCache valkey cache.t4g.small nodes"]
+    # The primary and one replica in another AZ.
+    assert (nodes.quantity, nodes.unit_price, nodes.note) == (2, 0.0256, "the Ray GCS store")
+    assert lines["Secrets Manager secret (GCS store token)"].quantity == 1
+
+
+def test_cost_of_a_gcs_store_without_a_price_says_so(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, gcs_store_node_type="cache.x9.huge", gcs_store_replicas=0)
+    lines = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))[0]
+    (nodes,) = [line for line in lines if line.item.startswith("ElastiCache")]
+    assert (nodes.quantity, nodes.hourly, nodes.note) == (1, 0.0, "the Ray GCS store; no price in table")
+
+
+def test_cost_without_gcs_fault_tolerance_has_no_store(tmp_path: Path) -> None:
+    template = synth_assembly(tmp_path, nag=False, gcs_fault_tolerance=False)
+    lines = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))[0]
+    assert not [line for line in lines if "ElastiCache" in line.item or "GCS" in line.item]
 
 
 def test_verify_counts_the_heads_restarts() -> None:

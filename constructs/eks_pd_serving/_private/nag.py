@@ -151,6 +151,17 @@ API_KEYS_SECRET = {
 }
 
 
+GCS_STORE_TOKEN = {
+    f"{PACK}-SMG4": (
+        "The Ray GCS reads the store's token once, when the head starts: a rotation would have to move "
+        "ElastiCache through AuthTokenUpdateStrategy ROTATE and SET around a head restart. The token is "
+        "generated at deploy, reachable only by the head's role, and the store admits only the cluster's "
+        "security group over TLS."
+    ),
+}
+GCS_STORE: dict[str, str] = {}
+
+
 MODEL_BUCKET_NO_ACCESS_LOGS = (
     "The model bucket holds public model weights; only the staging job writes and only the Ray workers' "
     "role reads one prefix. Server access logs would need a second bucket that outlives the stack; "

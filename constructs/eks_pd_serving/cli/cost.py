@@ -40,6 +40,10 @@ INSTANCE_PRICES: dict[str, float] = {
     "g5.8xlarge": 2.448, "g5.12xlarge": 5.672, "g5.16xlarge": 4.096, "g5.24xlarge": 8.144, "g5.48xlarge": 16.288,
     "p4d.24xlarge": 21.957642, "p5.48xlarge": 55.04, "p5en.48xlarge": 63.296,
 }  # fmt: skip
+VALKEY_NODE_PRICES: dict[str, float] = {
+    "cache.t4g.micro": 0.0128, "cache.t4g.small": 0.0256, "cache.t4g.medium": 0.052,
+    "cache.m7g.large": 0.1264, "cache.r7g.large": 0.1752,
+}  # fmt: skip
 PRICES: dict[str, dict[str, float]] = {
     "us-east-1": {
         **INSTANCE_PRICES,
@@ -57,6 +61,9 @@ PRICES: dict[str, dict[str, float]] = {
         "cw_dashboard_month": 3.00,
         "cw_alarm_metric_month": 0.10,
         "cw_custom_metric_month": 0.30,
+        # ElastiCache for Valkey on-demand nodes: the Redis OSS node prices less Valkey's 20% (public
+        # pricing page, as recalled: not fetched here).
+        **{f"elasticache:{node}": price for node, price in VALKEY_NODE_PRICES.items()},
     }
 }
 HOURS_30_DAYS = 720
@@ -125,6 +132,7 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
     lines += _weights(list(resources), prices)
     lines += _api_keys(template, prices)
+    lines += _gcs_store(list(resources), prices)
     lines += _observability(list(resources), prices)
     return lines, label
 
@@ -150,7 +158,11 @@ def _api_keys(template: dict[str, Any], prices: dict[str, float]) -> list[Line]:
         return []
     pods = 1 + sum(int(group.get("minReplicas", group["replicas"])) for group in cluster["workerGroupSpecs"])
     calls_per_hour = pods * 3600 / float(env[proxy.REFRESH_ENV])
-    secrets = sum(r["Type"] == "AWS::SecretsManager::Secret" for r in template["Resources"].values())
+    secrets = sum(
+        r["Type"] == "AWS::SecretsManager::Secret"
+        and str(r["Properties"].get("Description", "")).startswith("API keys")
+        for r in template["Resources"].values()
+    )
     return [
         Line("Secrets Manager secret (API keys)", secrets, prices["secret_month"] / HOURS_30_DAYS),
         Line(
@@ -160,6 +172,19 @@ def _api_keys(template: dict[str, Any], prices: dict[str, float]) -> list[Line]:
             f"{pods} Serve proxies, one read each every {env[proxy.REFRESH_ENV]} s",
         ),
     ]
+
+
+def _gcs_store(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:
+    """The Ray head's GCS store (gcs_fault_tolerance): its nodes, and its token's secret (read by
+    the head's init container once per head start: no steady reads to price)."""
+    lines = []
+    for group in (r["Properties"] for r in resources if r["Type"] == "AWS::ElastiCache::ReplicationGroup"):
+        node, nodes = group["CacheNodeType"], int(group["NumCacheClusters"])
+        price = prices.get(f"elasticache:{node}")
+        note = "the Ray GCS store" + ("" if price is not None else "; no price in table")
+        lines.append(Line(f"ElastiCache {group['Engine']} {node} nodes", nodes, price or 0.0, note))
+        lines.append(Line("Secrets Manager secret (GCS store token)", 1, prices["secret_month"] / HOURS_30_DAYS))
+    return lines
 
 
 def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) -> list[Line]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .. import versions
 from ..catalog import INSTANCE_TYPES, MODELS
 from ..layout import PHASES, RAY_HEAD_CPU_M
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
@@ -91,6 +92,24 @@ def _check_api_keys(config: Settings) -> None:
         raise ValueError(
             f"api_keys_secret_arn={config.api_keys_secret_arn!r} is unused with api_keys off. Fix: set "
             "api_keys=true, or drop api_keys_secret_arn"
+        )
+
+
+def _check_gcs_store(config: Settings) -> None:
+    if not config.gcs_fault_tolerance:
+        for key in ("gcs_store_node_type", "gcs_store_replicas"):
+            if key in config.model_fields_set:
+                raise ValueError(
+                    f"{key}={getattr(config, key)!r} has no store to size with gcs_fault_tolerance=false. Fix: set "
+                    f"gcs_fault_tolerance=true, or remove {key}"
+                )
+        return
+    needed = versions.ENV_FILES_KUBERNETES_VERSION
+    if int(config.kubernetes_version.split(".")[1]) < int(needed.split(".")[1]):
+        raise ValueError(
+            f"gcs_fault_tolerance=true needs Kubernetes {needed} or later (the head reads the store's token "
+            f"through env files), not kubernetes_version={config.kubernetes_version!r}. Fix: set "
+            f"kubernetes_version={needed} or later, or gcs_fault_tolerance=false"
         )
 
 
@@ -312,6 +331,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_nat_gateways,
     _check_endpoint,
     _check_api_keys,
+    _check_gcs_store,
     _check_observability,
     _check_autoscaling,
     _check_upgrade_strategy,

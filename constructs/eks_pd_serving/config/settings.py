@@ -513,6 +513,33 @@ class Settings(BaseModel):
             "an ACM certificate ARN, arn:aws:acm:<region>:<account>:certificate/<id>", means="plain HTTP on port 80"
         ),
     )
+    gcs_fault_tolerance: bool = Field(
+        True,
+        description=(
+            "Ray head fault tolerance: the head's GCS keeps the cluster's state in an ElastiCache for Valkey "
+            "replication group the stack creates (TLS, auth token in Secrets Manager, encrypted, deleted on "
+            "destroy), so a restarted head resumes the cluster while the replicas keep serving "
+            "(docs/features/failures.md). false: a head restart rebuilds the whole Ray cluster."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
+    gcs_store_node_type: str = Field(
+        "cache.t4g.small",
+        pattern=r"^cache\.[a-z0-9]+\.[a-z0-9]+$",
+        description="ElastiCache node type of the GCS store (gcs_fault_tolerance).",
+        json_schema_extra=_hint("an ElastiCache node type such as cache.t4g.small or cache.m7g.large"),
+    )
+    gcs_store_replicas: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description=(
+            "Replicas of the GCS store besides its primary, each in another AZ: with one or more, ElastiCache "
+            "fails over to one by itself (Multi-AZ). 0: a single node, and the store's own failure is a head "
+            "failure without fault tolerance."
+        ),
+        json_schema_extra=_hint("a whole number from 0 to 5"),
+    )
     ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
         "None",
         description=(

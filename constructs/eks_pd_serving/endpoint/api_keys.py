@@ -10,13 +10,13 @@ KMS key (they reference it); the stack's secret is deleted, a brought one is lef
 
 from __future__ import annotations
 
-from aws_cdk import RemovalPolicy
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from .._private import nag
 from .._private.kms import rotating_key
+from .._private.secrets import generated_secret
 
 #: The generated first key's id in the stack's secret.
 FIRST_KEY_ID = "initial"
@@ -35,18 +35,13 @@ class ApiKeys(Construct):
             self.secret = secretsmanager.Secret.from_secret_complete_arn(self, "Secret", secret_arn)
             return
         key = rotating_key(self, "Key", "API keys of the PD serving endpoint")
-        self.secret = secretsmanager.Secret(
+        self.secret = generated_secret(
             self,
             "Secret",
             description="API keys of the PD serving endpoint: a JSON object of key id to key",
-            encryption_key=key,
-            generate_secret_string=secretsmanager.SecretStringGenerator(
-                secret_string_template="{}",
-                generate_string_key=FIRST_KEY_ID,
-                exclude_punctuation=True,
-                password_length=FIRST_KEY_CHARS,
-            ),
-            removal_policy=RemovalPolicy.DESTROY,
+            key=key,
+            field=FIRST_KEY_ID,
+            length=FIRST_KEY_CHARS,
         )
         nag.acknowledge(self.secret, nag.API_KEYS_SECRET)
 

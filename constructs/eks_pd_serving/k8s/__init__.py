@@ -12,6 +12,7 @@ from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import (
     ApiKeysSpec,
     EngineSpec,
+    GcsFaultToleranceSpec,
     KvTransferSpec,
     ModelSpec,
     PodResources,
@@ -26,6 +27,7 @@ __all__ = [
     "EndpointServiceChart",
     "EndpointServiceProps",
     "EngineSpec",
+    "GcsFaultToleranceSpec",
     "KvTransferSpec",
     "MetricsAccessChart",
     "ModelSpec",

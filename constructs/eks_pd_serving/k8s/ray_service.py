@@ -13,8 +13,17 @@ import cdk8s_plus_35 as kplus
 from constructs import Construct
 
 from ..endpoint import proxy
+from ..fault_tolerance import auth
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
-from .specs import DASHBOARD_PORT, SERVE_PORT, PodResources, RayAutoscalerSpec, RayServiceProps, WorkerGroupSpec
+from .specs import (
+    DASHBOARD_PORT,
+    SERVE_PORT,
+    GcsFaultToleranceSpec,
+    PodResources,
+    RayAutoscalerSpec,
+    RayServiceProps,
+    WorkerGroupSpec,
+)
 
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
@@ -22,6 +31,9 @@ LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
 # deliberate RayCluster change (the proxies import it once, at start).
 API_KEYS_CODE = "eks-pd-serving/api-keys-code"
 _API_KEYS_VOLUME = "api-keys-code"
+# The GCS store's token reader (fault_tolerance/auth): its digest, for the same reason.
+GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
+GCS_AUTH_CONTAINER = "gcs-auth"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -118,6 +130,8 @@ def serve_config_yaml(props: RayServiceProps) -> str:
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
     cluster: dict[str, Any] = {"rayVersion": props.ray_version}
+    if props.gcs_fault_tolerance:
+        cluster["gcsFaultToleranceOptions"] = _gcs_fault_tolerance(props.gcs_fault_tolerance)
     if props.autoscaler:
         cluster.update(enableInTreeAutoscaling=True, autoscalerOptions=_autoscaler(props.autoscaler))
     cluster.update(
@@ -129,6 +143,48 @@ def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
         "serveConfigV2": serve_config_yaml(props),
         "rayClusterConfig": cluster,
     }
+
+
+def _gcs_fault_tolerance(spec: GcsFaultToleranceSpec) -> dict[str, Any]:
+    """KubeRay sets RAY_REDIS_ADDRESS and REDIS_PASSWORD on the head from these, the storage
+    namespace to the RayCluster's UID (each cluster a NewCluster upgrade builds starts empty), and
+    the workers' GCS reconnect timeout to 600 s. The password is read by the kubelet from the env
+    file the head's init container wrote (Kubernetes 1.35 EnvFiles, on by default)."""
+    return {
+        "redisAddress": spec.redis_address,
+        "redisPassword": {
+            "valueFrom": {"fileKeyRef": {"volumeName": auth.VOLUME, "path": auth.ENV_FILE, "key": auth.KEY}}
+        },
+    }
+
+
+def _with_gcs_auth(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any]:
+    """The head's template with the init container that writes the store's token to a
+    memory-backed emptyDir (the Ray container does not mount it). KubeRay's Redis cleanup Job
+    copies the head's template, init container included, so it can authenticate too."""
+    ft = props.gcs_fault_tolerance
+    if ft is None:
+        return pod
+    spec = pod["spec"]
+    (ray,) = spec["containers"]
+    amounts = {"cpu": "100m", "memory": "256Mi"}
+    spec["initContainers"] = [
+        {
+            "name": GCS_AUTH_CONTAINER,
+            "image": ray["image"],
+            "command": ["python", "-c", auth.source()],
+            "env": [
+                {"name": auth.SECRET_ENV, "value": ft.auth_secret_arn},
+                {"name": auth.FILE_ENV, "value": f"{auth.MOUNT_PATH}/{auth.ENV_FILE}"},
+            ],
+            "resources": {"requests": amounts, "limits": dict(amounts)},
+            "volumeMounts": [{"name": auth.VOLUME, "mountPath": auth.MOUNT_PATH}],
+        }
+    ]
+    spec["volumes"] = [*spec["volumes"], {"name": auth.VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    metadata = pod.setdefault("metadata", {})
+    metadata["annotations"] = {**metadata.get("annotations", {}), GCS_AUTH_CODE: auth.source_digest()}
+    return pod
 
 
 def _autoscaler(spec: RayAutoscalerSpec) -> dict[str, Any]:
@@ -150,7 +206,7 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
             "object-store-memory": str(props.head.object_store_bytes),
         },
         "serviceType": "ClusterIP",
-        "template": _with_api_keys(props, _head_pod(props)),
+        "template": _with_gcs_auth(props, _with_api_keys(props, _head_pod(props))),
     }
 
 

@@ -144,6 +144,19 @@ class ApiKeysSpec:
 
 
 @dataclass(frozen=True)
+class GcsFaultToleranceSpec:
+    """KubeRay's ``gcsFaultToleranceOptions`` with an external Redis-protocol store: the head's GCS
+    keeps its state there, so a restarted head resumes the cluster and the workers wait for it
+    (KubeRay gives them 600 s). The token reaches the Ray container through the head's init
+    container (fault_tolerance/auth), never through the manifest."""
+
+    #: ``rediss://host:port`` (a CloudFormation token until the manifest is applied).
+    redis_address: str
+    #: The Secrets Manager secret holding the store's auth token (``{"token": ...}``).
+    auth_secret_arn: str
+
+
+@dataclass(frozen=True)
 class RayServiceProps:
     name: str
     namespace: str
@@ -170,6 +183,8 @@ class RayServiceProps:
     aws_region: str | None = None
     # None: no API key check; anyone who reaches the serve port may call it.
     api_keys: ApiKeysSpec | None = None
+    # None: no GCS fault tolerance; a head that restarts rebuilds the whole Ray cluster.
+    gcs_fault_tolerance: GcsFaultToleranceSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

@@ -153,6 +153,11 @@ def _checks_api_keys(ray_service: Mapping[str, Any]) -> bool:
     return proxy.CALLBACK_ENV in json.dumps((ray_service.get("spec") or {}).get("rayClusterConfig"))
 
 
+def _gcs_fault_tolerant(ray_service: Mapping[str, Any]) -> bool:
+    """Whether the RayService's head keeps the GCS state in an external store."""
+    return "gcsFaultToleranceOptions" in ((ray_service.get("spec") or {}).get("rayClusterConfig") or {})
+
+
 def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     changed = {path.split(".")[1] if path.startswith("spec.") else path for path, _, _ in field_diff(old, new)}
     strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
@@ -175,6 +180,18 @@ def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
         lines.append(
             f"the API key check turns {'on' if keyed[1] else 'off'} only in a RayCluster built from the new spec; "
             "until then the endpoint answers as before (verify shows which)"
+        )
+    tolerant = [_gcs_fault_tolerant(side) for side in (old, new)]
+    if tolerant[1] and not tolerant[0]:
+        lines.append(
+            "GCS fault tolerance turns on only in a RayCluster built from the new spec (the store is created "
+            "first); until then a head restart still rebuilds the whole Ray cluster"
+        )
+    elif tolerant[0] and not tolerant[1]:
+        lines.append(
+            "GCS fault tolerance turns off, and CloudFormation deletes the store while the running RayCluster still "
+            "uses it: its head fails once the store is gone and restarts against an address that no longer "
+            "exists, until the RayCluster is rebuilt from the new spec (recreate it right after the deploy)"
         )
     rest = sorted(changed - {"serveConfigV2", "rayClusterConfig"})
     if rest:

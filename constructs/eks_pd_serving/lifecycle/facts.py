@@ -21,6 +21,7 @@ NODEGROUP = "AWS::EKS::Nodegroup"
 INGRESS = "AWS::EC2::SecurityGroupIngress"
 CLUSTER = "AWS::EKS::Cluster"
 POD_IDENTITY = "AWS::EKS::PodIdentityAssociation"
+GCS_STORE = "AWS::ElastiCache::ReplicationGroup"
 SUBNET = "AWS::EC2::Subnet"
 API_PORT = 443
 

@@ -23,6 +23,7 @@ from .destroy import (
     kubectl_resources_outlive_api_route,
     kubectl_resources_outlive_egress,
     lambda_log_groups_outlive_their_functions,
+    ray_clusters_outlive_no_gcs_store,
 )
 from .finding import Finding
 from .network import serve_port_admits_nlb_subnets
@@ -38,6 +39,7 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         aws_controllers_outlive_dns,
         aws_controllers_outlive_credentials_and_nodes,
         finalized_objects_outlive_no_controller,
+        ray_clusters_outlive_no_gcs_store,
         no_unmovable_pods_on_autoscaled_nodes,
         workloads_follow_their_nodes,
         system_nodes_hold_their_pods,
@@ -72,6 +74,7 @@ __all__ = [
     "new_cluster_upgrade_fits",
     "no_unmovable_pods_on_autoscaled_nodes",
     "pruned_objects_leave",
+    "ray_clusters_outlive_no_gcs_store",
     "ray_heads",
     "rendered_agents",
     "serve_port_admits_nlb_subnets",

@@ -117,6 +117,41 @@ def aws_controllers_outlive_credentials_and_nodes(model: StackModel) -> list[Fin
     return found
 
 
+def ray_clusters_outlive_no_gcs_store(model: StackModel) -> list[Finding]:
+    """A RayService with GCS fault tolerance is deleted before what KubeRay's Redis cleanup Job
+    needs while it runs: the store it deletes the cluster's keys from, the head's Pod Identity
+    association and agent (the Job keeps the head's init containers, which read the store's token),
+    and the head's nodes (KubeRay v1.7.0 raycluster_controller.go, buildRedisCleanupJob: the head's
+    pod template, best effort for 300 s, behind the RayCluster's finalizer)."""
+    rule, found = "ray_clusters_outlive_no_gcs_store", []
+    agent = facts.addon(model, "eks-pod-identity-agent")
+    stores = [r.id for r in model.of_type(facts.GCS_STORE)]
+    for resource in model.of_type(facts.MANIFEST):
+        for obj in facts.kube_objects(resource):
+            cluster = (obj.body.get("spec") or {}).get("rayClusterConfig") or {}
+            if obj.kind != "RayService" or "gcsFaultToleranceOptions" not in cluster:
+                continue
+            if not stores:
+                found.append(Finding(rule, resource.id, "gcsFaultToleranceOptions without a store in the stack"))
+            head = cluster["headGroupSpec"]["template"]["spec"]
+            account, namespace = head.get("serviceAccountName"), obj.body["metadata"].get("namespace")
+            associations = [
+                r.id
+                for r in model.of_type(facts.POD_IDENTITY)
+                if (r.properties.get("ServiceAccount"), r.properties.get("Namespace")) == (account, namespace)
+            ]
+            if head.get("initContainers") and not associations:
+                found.append(Finding(rule, resource.id, f"no Pod Identity association for service account {account}"))
+            for target in (*stores, *associations, *([agent.id] if agent else [])):
+                found += needs_edge(model, rule, resource.id, target, "KubeRay's Redis cleanup Job uses it")
+            groups = facts.nodegroups_for(model, head.get("nodeSelector") or {})
+            if not any(model.deleted_before(resource.id, g.id) for g in groups):
+                found.append(
+                    Finding(rule, resource.id, f"no dependency on a node group matching {head.get('nodeSelector')}")
+                )
+    return found
+
+
 def finalized_objects_outlive_no_controller(model: StackModel) -> list[Finding]:
     """An object whose finalizer a controller removes is deleted before that controller."""
     found = []

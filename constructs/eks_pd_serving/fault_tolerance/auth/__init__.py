@@ -1,0 +1,27 @@
+"""The Ray head's init container that reads the GCS store's auth token (``eks_pd_gcs_auth``,
+pod-side) and how it ships: its source is the container's ``python -c`` program, and the token goes
+to the Ray container through an env file on a memory-backed emptyDir (``fileKeyRef``)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .eks_pd_gcs_auth import FIELD, FILE_ENV, KEY, SECRET_ENV
+
+FILE_NAME = "eks_pd_gcs_auth.py"
+VOLUME = "gcs-auth"
+MOUNT_PATH = "/run/eks-pd/gcs-auth"
+ENV_FILE = "auth.env"
+
+
+def source() -> str:
+    """The init container's program, exactly as it runs."""
+    return (Path(__file__).parent / FILE_NAME).read_text()
+
+
+def source_digest() -> str:
+    return hashlib.sha256(source().encode()).hexdigest()[:16]
+
+
+__all__ = ["ENV_FILE", "FIELD", "FILE_ENV", "KEY", "MOUNT_PATH", "SECRET_ENV", "VOLUME", "source", "source_digest"]
