@@ -4,7 +4,12 @@ injected:
 
 1. the decode replica's process is killed mid-stream;
 2. the prefill replica's process is killed while requests are in flight;
-3. the Ray head's GCS is killed (last: this rehearsal has no GCS fault tolerance to restore it).
+3. the Ray head's GCS is killed. With the template's GCS fault tolerance (gcsFaultToleranceOptions)
+   the store runs here as the head meets it: the token in Secrets Manager (moto), the head's init
+   container program, taken from the template, writing the env file the kubelet would read, and a
+   redis-server requiring that token; the GCS is then started again with its own command line, as
+   the head container's restart would, and must find the cluster in the store. Without it (a
+   template synthesized with gcs_fault_tolerance=false) the GCS stays dead: the control.
 
 For each: how many requests failed and how (HTTP status, error text), how long until a request
 started after the fault succeeded again, and whether any completed answer differs from the app's
@@ -12,9 +17,9 @@ own answer to the same prompt before any fault (greedy: it must not). Bounded: e
 at most ``--recovery-bound-s``; everything started is stopped at the end.
 
 Without GCS fault tolerance a dead GCS takes the raylet down, and the raylet takes every Ray
-process with it, the driver included. So the Ray side runs in a child process (its own session)
-that writes each request's outcome and each fault to an events file as they happen; this process
-judges from that file once the child has ended, however it ended.
+process with it, the driver included (so that fault goes last). So the Ray side runs in a child
+process (its own session) that writes each request's outcome and each fault to an events file as
+they happen; this process judges from that file once the child has ended, however it ended.
 
     .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
 """
@@ -26,12 +31,16 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import signal
+import socket
+import string
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -39,12 +48,17 @@ from typing import Any
 import httpx
 import psutil
 
-from . import profile, tiny_checkpoint
+from eks_pd_serving.fault_tolerance import auth
+
+from . import local_aws, profile, tiny_checkpoint
 from .harness import LOCAL_ENV, MARKER, PROMPTS, build, deploy, free_port, kill_marked, local_ray, log
 from .probes import Endpoint
 
 MAX_TOKENS = 24
 STREAMS = 2  # concurrent clients
+# Between the GCS's death and its new start: a head container's restart is longer (seconds to
+# start, then the GCS loads the store); what matters here is that the cluster waits for it.
+GCS_RESTART_DELAY_S = 5.0
 
 
 @dataclass
@@ -180,11 +194,32 @@ def _kill(run_id: str, title: str) -> list[int]:
     return [p.pid for p in victims]
 
 
+def _restart_gcs(run_id: str, events: Events) -> list[int]:
+    """Kill the GCS and start it again with its own command line and environment after
+    ``GCS_RESTART_DELAY_S``, as the head container's restart would (the new process keeps the run's
+    marker, so the run's teardown stops it)."""
+    (gcs,) = _processes(run_id, "gcs_server")
+    command, env, cwd = gcs.cmdline(), gcs.environ(), gcs.cwd()
+    # ray.init starts the GCS on a free port (--gcs_server_port=0); the raylet and the driver know
+    # the one it took, as a head's do 6379: the new GCS takes that one again.
+    (raylet,) = [p for p in _processes(run_id, "raylet") if p.cmdline()[0].endswith("/raylet")]
+    (port,) = [a.rsplit(":", 1)[1] for a in raylet.cmdline() if a.startswith("--gcs-address=")]
+    command = [f"--gcs_server_port={port}" if a.startswith("--gcs_server_port=") else a for a in command]
+    gcs.kill()
+    gcs.wait(10)
+    time.sleep(GCS_RESTART_DELAY_S)
+    subprocess.Popen(command, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True)  # fmt: skip
+    events.write({"type": "gcs_restarted", "at": time.time()})
+    return [gcs.pid]
+
+
 def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0) -> None:
     """Inject, wait (bounded) until two requests started after the fault completed, keep the
     load ``hold_s`` longer; the events file records when."""
     time.sleep(3.0)  # steady load first
     at = time.time()
+    load.events.write({"type": "fault_start", "name": name, "at": at})
     killed = inject()
     load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s})
     log(f"== fault {name}: killed {killed}")
@@ -213,6 +248,7 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
         recovered_s = good[1] - at if len(good) >= 2 and good[1] - at <= bound_s + 5 else None
         affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]
         completed = [o for o in window if o.complete]
+        restarted = next((e["at"] for e in events if e["type"] == "gcs_restarted" and at <= e["at"] < until), None)
         results.append(
             {
                 "fault": fault["name"],
@@ -226,13 +262,100 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "completed": len(completed),
                 "wrong_answers": sum(o.text != expected[o.prompt] for o in completed),
                 "ended_by_fault": not any(e["type"] == "fault_end" and e["name"] == fault["name"] for e in events),
+                # A GCS restarted from its store: how long it was down, the answers finished while it
+                # was (in flight at the kill or started after it), and those started while it was.
+                "gcs_down_s": None if restarted is None else round(restarted - at, 1),
+                "completed_while_gcs_down": None
+                if restarted is None
+                else sum(o.complete and at < o.ended <= restarted for o in window),
+                "started_while_gcs_down": None
+                if restarted is None
+                else [sum(o.complete for o in down), len(down)]
+                if (down := [o for o in window if at < o.started <= restarted])
+                else [0, 0],
             }
         )
     return results
 
 
+def _gcs_options(ray_service: dict[str, Any]) -> dict[str, Any] | None:
+    options: dict[str, Any] | None = ray_service["spec"]["rayClusterConfig"].get("gcsFaultToleranceOptions")
+    return options
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    """The env file as the kubelet reads it: KEY=VALUE lines."""
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
+
+
+@contextlib.contextmanager
+def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[tuple[dict[str, str], str] | None]:
+    """With the template's gcsFaultToleranceOptions: the store on loopback, reached as the head
+    reaches it (the head's init container program from the template turns the secret into the env
+    file; the password is the file's key the options name). Yields the head's environment as
+    KubeRay sets it and the password (passed as ``ray start --redis-password`` is); None without."""
+    options = _gcs_options(ray_service)
+    if options is None:
+        yield None
+        return
+    (init,) = ray_service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["initContainers"]
+    token = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(64))
+    env_file = workdir / auth.ENV_FILE
+    env_file.unlink(missing_ok=True)
+    with local_aws.moto_server(free_port()) as endpoint:
+        client = local_aws.client("secretsmanager", endpoint)
+        arn = client.create_secret(Name="gcs-store-token", SecretString=json.dumps({auth.FIELD: token}))["ARN"]
+        program = [sys.executable, *init["command"][1:]]  # python -c <the template's source>
+        ran = subprocess.run(program, capture_output=True, text=True, timeout=60, check=False,
+                             env={"PATH": os.environ["PATH"], **local_aws.CREDENTIALS,
+                                  "AWS_ENDPOINT_URL_SECRETS_MANAGER": endpoint,
+                                  auth.SECRET_ENV: arn, auth.FILE_ENV: str(env_file)})  # fmt: skip
+    if ran.returncode != 0:
+        raise RuntimeError(f"the head's init container program failed: {ran.stderr.strip()}")
+    password = _env_file(env_file)[options["redisPassword"]["valueFrom"]["fileKeyRef"]["key"]]
+    port = free_port()
+    config = f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\nappendonly no\n'
+    store = subprocess.Popen(["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+                             env={**os.environ, MARKER: os.environ.get(MARKER, "")})  # fmt: skip
+    assert store.stdin is not None
+    store.stdin.write(config)
+    store.stdin.close()
+    try:
+        _wait_for_port(port)
+        log(f"GCS store: redis-server on 127.0.0.1:{port}, token from the init program's env file")
+        namespace = f"faults-{os.getpid()}"  # KubeRay's is the RayCluster's UID: one per cluster
+        yield {"RAY_REDIS_ADDRESS": f"127.0.0.1:{port}", "RAY_external_storage_namespace": namespace}, password
+    finally:
+        store.terminate()
+        store.wait(10)
+
+
+def _serve_state(events: Events) -> None:
+    """After the GCS restarted: whether the cluster's named actors came back from the store (the
+    Serve controller is a detached actor the new GCS must know by name)."""
+    import ray
+    from ray import serve
+
+    try:
+        ray.get_actor("SERVE_CONTROLLER_ACTOR", namespace="serve")
+        applications = {name: str(app.status) for name, app in serve.status().applications.items()}
+        events.write({"type": "state_after_restart", "controller_found": True, "applications": applications})
+    except Exception as exc:
+        events.write({"type": "state_after_restart", "controller_found": False, "error": f"{exc}"[:300]})
+
+
 def _child(args: argparse.Namespace) -> int:
-    """The Ray side: deploy, the app's own answers, then the faults under load."""
+    """The Ray side: the store (with the template's GCS fault tolerance), deploy, the app's own
+    answers, then the faults under load."""
     events = Events(args.events)
     ray_service = profile.ray_service_from_template(args.template)
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
@@ -245,19 +368,39 @@ def _child(args: argparse.Namespace) -> int:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
-    with local_ray(env, metrics_port, profile.custom_resources(rehearsed)) as run_id:
-        events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
-        with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
-            answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
-        if not all(a.complete for a in answers.values()):
-            raise RuntimeError("the app did not answer every prompt before any fault")
-        events.write({"type": "expected", "answers": {p: a.text for p, a in answers.items()}})
-        with Load(endpoint, events) as load:
-            # GCS last, held 90 s: past Ray's 60 s default for raylets to reconnect to a GCS.
-            for name, title, hold_s in (("decode replica killed", "ServeReplica:pd-openai:Decode", 0.0),
-                                        ("prefill replica killed", "ServeReplica:pd-openai:Prefill", 0.0),
-                                        ("GCS killed (no fault tolerance)", "gcs_server", 90.0)):  # fmt: skip
-                _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s, hold_s)
+    with contextlib.ExitStack() as stack:
+        store = stack.enter_context(gcs_store(ray_service, args.events.parent))
+        events.write({"type": "gcs_store", "on": store is not None})
+        if store is not None:
+            env.update(store[0])
+        run_id = stack.enter_context(
+            local_ray(
+                env, metrics_port, profile.custom_resources(rehearsed), redis_password=store[1] if store else None
+            )
+        )
+        return _under_load(args, events, rehearsed, endpoint, http_port, run_id, fault_tolerant=store is not None)
+
+
+def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
+                http_port: int, run_id: str, *, fault_tolerant: bool) -> int:  # fmt: skip
+    events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
+    with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
+        answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
+    if not all(a.complete for a in answers.values()):
+        raise RuntimeError("the app did not answer every prompt before any fault")
+    events.write({"type": "expected", "answers": {p: a.text for p, a in answers.items()}})
+    with Load(endpoint, events) as load:
+        for name, title in (("decode replica killed", "ServeReplica:pd-openai:Decode"),
+                            ("prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
+            _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
+        if fault_tolerant:
+            # Held 90 s: past Ray's 60 s default for a raylet to reconnect to a GCS.
+            _fault(load, "GCS killed, restarted from the store", lambda: _restart_gcs(run_id, events),
+                   args.recovery_bound_s, hold_s=90.0)  # fmt: skip
+            _serve_state(events)
+        else:  # last: without a store the dead GCS takes every Ray process with it
+            _fault(load, "GCS killed (no fault tolerance)", lambda: _kill(run_id, "gcs_server"),
+                   args.recovery_bound_s, hold_s=90.0)  # fmt: skip
     return 0
 
 
@@ -294,8 +437,11 @@ def main(argv: list[str] | None = None) -> int:
         stopped = kill_marked(run_id)
     events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
     faults = judge(events, args.recovery_bound_s) if any(e["type"] == "expected" for e in events) else []
+    store = next((e["on"] for e in events if e["type"] == "gcs_store"), None)
+    state = next((e for e in events if e["type"] == "state_after_restart"), None)
     report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
-              "streams": STREAMS, "faults": faults}  # fmt: skip
+              "streams": STREAMS, "gcs_fault_tolerance": store, "state_after_gcs_restart": state,
+              "faults": faults}  # fmt: skip
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(
@@ -303,12 +449,24 @@ def main(argv: list[str] | None = None) -> int:
             f"recovered in {fault['recovered_s']} s; first failure at {fault['first_failure_s']} s; "
             f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong"
         )
-    # Must hold: every fault was injected, no completed answer differs, each replica fault recovers.
+    ok = holds(report)
+    log(f"{'PASS' if ok else 'FAIL'}: faults rehearsed; report in {args.report}")
+    return 0 if ok else 1
+
+
+def holds(report: dict[str, Any]) -> bool:
+    """What must hold: every fault was injected, no completed answer differs, each replica fault
+    recovers within the bound; with GCS fault tolerance, the GCS's death fails no request, the
+    replicas serve while it is down, and the restarted GCS knows the Serve controller."""
+    faults = report["faults"]
     replica_faults = [f for f in faults if "replica" in f["fault"]]
     ok = len(faults) == 3 and all(f["recovered_s"] is not None for f in replica_faults)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
-    log(f"{'PASS' if ok else 'FAIL'}: faults rehearsed; report in {args.report}")
-    return 0 if ok else 1
+    if report["gcs_fault_tolerance"]:
+        gcs = faults[-1] if faults else {}
+        ok = ok and gcs.get("requests_failed") == 0 and bool(gcs.get("completed_while_gcs_down"))
+        ok = ok and bool((report["state_after_gcs_restart"] or {}).get("controller_found"))
+    return ok
 
 
 if __name__ == "__main__":

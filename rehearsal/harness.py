@@ -56,8 +56,11 @@ def log(message: str) -> None:
 
 
 @contextlib.contextmanager
-def local_ray(env: dict[str, str], metrics_port: int, resources: dict[str, float]) -> Iterator[str]:
-    """Ray on loopback; on exit every process it started (engines included) is gone."""
+def local_ray(
+    env: dict[str, str], metrics_port: int, resources: dict[str, float], redis_password: str | None = None
+) -> Iterator[str]:
+    """Ray on loopback; on exit every process it started (engines included) is gone. With
+    ``RAY_REDIS_ADDRESS`` in ``env``, the GCS keeps its state in that store (``redis_password``)."""
     import ray
 
     # A caller may name the run (tests running rehearsals side by side look for their own).
@@ -83,6 +86,7 @@ def local_ray(env: dict[str, str], metrics_port: int, resources: dict[str, float
             runtime_env={"env_vars": env},
             log_to_driver=False,
             logging_level=logging.WARNING,
+            **({"_redis_password": redis_password} if redis_password else {}),
         )
         yield run_id
     finally:

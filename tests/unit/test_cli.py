@@ -8,7 +8,7 @@ import json
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -747,3 +747,78 @@ def test_verify_counts_the_heads_restarts() -> None:
     assert verify.head_restarts(V1Pod(status=V1PodStatus(container_statuses=[status("ray-head", 1)]))) == (
         "1 restart of ray-head"
     )
+
+
+# --- verify: GCS fault tolerance ------------------------------------------------------------------
+STORE_HOST = "master.ray-gcs.abc123.use1.cache.amazonaws.com"
+
+
+def ft_head(annotated: bool = True, address: str | None = f"rediss://{STORE_HOST}:6379") -> Any:
+    from kubernetes.client import V1Container, V1EnvVar, V1ObjectMeta, V1Pod, V1PodSpec
+
+    env = [V1EnvVar(name="RAY_REDIS_ADDRESS", value=address)] if address else []
+    annotations = {"ray.io/ft-enabled": "true" if annotated else "false"}
+    return V1Pod(
+        metadata=V1ObjectMeta(name="ray-llm-x7k2p-head-abcde", annotations=annotations),
+        spec=V1PodSpec(containers=[V1Container(name="ray-head", env=env)]),
+    )
+
+
+def elasticache_answering(*groups: dict[str, Any], error: str | None = None) -> Callable[[], Any]:
+    client = boto3.client("elasticache", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    if error:
+        stub.add_client_error("describe_replication_groups", service_error_code=error, http_status_code=403)
+    else:
+        stub.add_response("describe_replication_groups", {"ReplicationGroups": list(groups)})
+    stub.activate()
+    return lambda: client
+
+
+def store_group(status: str = "available", host: str = STORE_HOST) -> dict[str, Any]:
+    members = [
+        {"CacheClusterId": "g-001", "CurrentRole": "primary", "PreferredAvailabilityZone": "us-east-1a"},
+        {"CacheClusterId": "g-002", "CurrentRole": "replica", "PreferredAvailabilityZone": "us-east-1b"},
+    ]
+    return {
+        "ReplicationGroupId": "pdservinggcsstore-1a2b3c",
+        "Status": status,
+        "AutomaticFailover": "enabled",
+        "NodeGroups": [{"NodeGroupId": "0001", "PrimaryEndpoint": {"Address": host, "Port": 6379},
+                        "NodeGroupMembers": members}],
+    }  # fmt: skip
+
+
+def test_verify_reports_the_heads_store_available_with_its_nodes_and_failover() -> None:
+    other = store_group(host="master.someone-else.cache.amazonaws.com")
+    check = verify.check_gcs_fault_tolerance([ft_head()], True, elasticache_answering(other, store_group()))
+    assert check.passed
+    assert check.detail == (
+        "store pdservinggcsstore-1a2b3c available; 2 node(s), primary in us-east-1a; automatic failover enabled"
+    )
+
+
+@pytest.mark.parametrize(
+    ("head", "answer", "detail"),
+    [
+        (ft_head(annotated=False), elasticache_answering(store_group()), "runs without it (ray.io/ft-enabled is not"),
+        (ft_head(address=None), elasticache_answering(store_group()), "has no RAY_REDIS_ADDRESS"),
+        (ft_head(), elasticache_answering(store_group(status="modifying")), "store pdservinggcsstore-1a2b3c modifying"),
+        (ft_head(), elasticache_answering(store_group(host="master.gone.cache.amazonaws.com")),
+         f"no ElastiCache replication group has the head's store address {STORE_HOST}"),
+        (ft_head(), elasticache_answering(error="AccessDenied"), "Fix: credentials with elasticache:Describe"),
+    ],
+)  # fmt: skip
+def test_verify_fails_on_a_head_or_store_that_cannot_resume_the_cluster(
+    head: Any, answer: Callable[[], Any], detail: str
+) -> None:
+    check = verify.check_gcs_fault_tolerance([head], True, answer)
+    assert not check.passed and detail in check.detail
+
+
+def test_verify_says_a_head_without_fault_tolerance_rebuilds_the_cluster_and_asks_no_aws() -> None:
+    def never() -> Any:
+        raise AssertionError("ElastiCache asked with gcs_fault_tolerance=false")
+
+    check = verify.check_gcs_fault_tolerance([ft_head(annotated=False)], False, never)
+    assert check.passed and check.detail.startswith("off (gcs_fault_tolerance=false)")

@@ -3,6 +3,9 @@
 - every GPU node advertises nvidia.com/gpu and vpc.amazonaws.com/efa;
 - the Ray head runs on a system node, and how often its container restarted (each restart,
   without GCS fault tolerance, rebuilt the Ray cluster);
+- with gcs_fault_tolerance: the head runs with it (KubeRay's ray.io/ft-enabled on the head pod)
+  and its store, found by the head's RAY_REDIS_ADDRESS, is available in ElastiCache, with its
+  nodes, the primary's AZ and whether it fails over by itself;
 - prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
 - worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
 - /v1/models and one streamed chat completion answer, with time to first token (--endpoint);
@@ -29,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 import httpx
 
@@ -66,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a key of the endpoint, with api_keys (default: ${API_KEY_ENV})")  # fmt: skip
     parser.add_argument("--efa-wait-s", type=float, default=240.0,
                         help="how long to wait for the request's minute of EFA metrics (default 240)")  # fmt: skip
-    parser.add_argument("--profile", help="AWS profile for reading CloudWatch (default: the environment's)")
+    parser.add_argument(
+        "--profile", help="AWS profile for reading CloudWatch and ElastiCache (default: the environment's)"
+    )
 
 
 def _selector(labels: dict[str, str]) -> str:
@@ -122,6 +128,62 @@ def head_restarts(head: Any) -> str:
     statuses = (head.status.container_statuses if head.status else None) or []
     count = sum(s.restart_count or 0 for s in statuses if s.name == "ray-head")
     return f"{count} restart{'' if count == 1 else 's'} of ray-head"
+
+
+# KubeRay v1.7.0 marks the head pod (common/pod.go, configureGCSFaultTolerance) and sets the store's
+# address on the Ray container (configureRedisFT).
+FT_ANNOTATION = "ray.io/ft-enabled"
+STORE_ADDRESS_ENV = "RAY_REDIS_ADDRESS"
+
+
+def _store_host(head: Any) -> str | None:
+    for container in head.spec.containers or []:
+        for env in container.env or []:
+            if env.name == STORE_ADDRESS_ENV and env.value:
+                return urlparse(env.value if "://" in env.value else f"redis://{env.value}").hostname
+    return None
+
+
+def check_gcs_fault_tolerance(heads: list[Any], on: bool, elasticache: Callable[[], Any]) -> Check:
+    """The head runs with GCS fault tolerance and its store is available (``elasticache``: a
+    factory for the ElastiCache client, called only when there is a store to look up)."""
+    name = "GCS fault tolerance"
+    if not on:
+        return Check(name, True, "off (gcs_fault_tolerance=false): a head restart rebuilds the Ray cluster")
+    if not heads:
+        return Check(name, False, "no head pod to ask")
+    head = heads[0]
+    if (head.metadata.annotations or {}).get(FT_ANNOTATION) != "true":
+        return Check(
+            name, False, f"the head {head.metadata.name} runs without it ({FT_ANNOTATION} is not true): its "
+            "RayCluster predates the setting. Fix: recreate the RayCluster (docs/guides/updates.md)"
+        )  # fmt: skip
+    host = _store_host(head)
+    if host is None:
+        return Check(name, False, f"the head {head.metadata.name} has no {STORE_ADDRESS_ENV}")
+    import botocore.exceptions
+
+    try:
+        pages = elasticache().get_paginator("describe_replication_groups").paginate()
+        groups = [g for page in pages for g in page["ReplicationGroups"]]
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        return Check(
+            name,
+            False,
+            f"ElastiCache unreadable ({error}). Fix: credentials with elasticache:DescribeReplicationGroups",
+        )
+    for group in groups:
+        for node_group in group.get("NodeGroups") or []:
+            if (node_group.get("PrimaryEndpoint") or {}).get("Address") != host:
+                continue
+            members = node_group.get("NodeGroupMembers") or []
+            zones = [m.get("PreferredAvailabilityZone", "?") for m in members if m.get("CurrentRole") == "primary"]
+            detail = (
+                f"store {group['ReplicationGroupId']} {group['Status']}; {len(members)} node(s), primary in "
+                f"{zones[0] if zones else 'no AZ reported'}; automatic failover {group.get('AutomaticFailover')}"
+            )
+            return Check(name, group["Status"] == "available", detail)
+    return Check(name, False, f"no ElastiCache replication group has the head's store address {host}")
 
 
 NETWORK_POLICIES = LOCK_DOWN_POLICIES
@@ -270,8 +332,14 @@ def run(args: argparse.Namespace) -> int:
             "UpdateKubeconfigCommand output, which authenticates as ClusterAdminRoleArn; you need sts:AssumeRole on it"
         )
         return 1
-    pod_checks, pod_nodes = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
+    prefix = f"{settings.ray_service_name}-"
+    pod_checks, pod_nodes = check_pods(core, settings.namespace, prefix, system_nodes)
     checks += pod_checks
+    heads = [p for p in core.list_namespaced_pod(settings.namespace, label_selector="ray.io/node-type=head").items
+             if p.metadata.name.startswith(prefix)]  # fmt: skip
+    checks.append(
+        check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
+    )
     checks.append(check_network_policies(client.NetworkingV1Api(), settings.namespace))
     if settings.endpoint_exposure == "internal":
         checks.append(
@@ -297,13 +365,17 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(c.passed for c in checks) else 1
 
 
-def _efa_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
+def _aws(args: argparse.Namespace, settings: Any, service: str) -> Any:
     import boto3
+
+    return boto3.Session(profile_name=args.profile, region_name=settings.region).client(service)
+
+
+def _efa_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
     import botocore.exceptions
 
     try:
-        session = boto3.Session(profile_name=args.profile, region_name=settings.region)
-        cloudwatch = session.client("cloudwatch")
+        cloudwatch = _aws(args, settings, "cloudwatch")
         return check_efa_traffic(cloudwatch, settings.cluster_name, sent, args.efa_wait_s)
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
         return Check(
