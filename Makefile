@@ -71,7 +71,9 @@ rehearse: $(VENV_REHEARSE)/.deps synth
 	$(VENV_REHEARSE)/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
 
 # Faults under load on this CPU (a replica killed, the GCS killed): about 6 minutes, not in `make test`.
+# The GCS store on loopback is Debian's redis-server (installed here if missing; needs root).
 rehearse-faults: $(VENV_REHEARSE)/.deps synth
+	command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
 	$(VENV_REHEARSE)/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
 
 $(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.py

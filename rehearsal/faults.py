@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 import signal
 import socket
 import string
@@ -297,8 +298,29 @@ def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
     raise RuntimeError(f"nothing listens on 127.0.0.1:{port} after {timeout_s} s")
 
 
+@dataclass(frozen=True)
+class Store:
+    """The GCS store on loopback: the head's environment as KubeRay sets it, and the password."""
+
+    env: dict[str, str]
+    password: str
+    port: int
+
+    def usage(self) -> dict[str, Any]:
+        """What the GCS keeps there: keys and memory, as the store itself reports them."""
+
+        def ask(*command: str) -> str:
+            env = {**os.environ, "REDISCLI_AUTH": self.password}  # not on the command line
+            answer = subprocess.run(["redis-cli", "-p", str(self.port), *command], capture_output=True, text=True,
+                                    timeout=10, check=True, env=env)  # fmt: skip
+            return answer.stdout
+
+        memory = dict(line.split(":", 1) for line in ask("info", "memory").split() if ":" in line)
+        return {"keys": int(ask("dbsize")), "used_memory_bytes": int(memory["used_memory"])}
+
+
 @contextlib.contextmanager
-def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[tuple[dict[str, str], str] | None]:
+def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[Store | None]:
     """With the template's gcsFaultToleranceOptions: the store on loopback, reached as the head
     reaches it (the head's init container program from the template turns the secret into the env
     file; the password is the file's key the options name). Yields the head's environment as
@@ -307,6 +329,8 @@ def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[tuple[dict
     if options is None:
         yield None
         return
+    if shutil.which("redis-server") is None:
+        raise RuntimeError("redis-server not found. Fix: apt-get install redis-server (make rehearse-faults does)")
     (init,) = ray_service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["initContainers"]
     token = "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(64))
     env_file = workdir / auth.ENV_FILE
@@ -333,7 +357,8 @@ def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[tuple[dict
         _wait_for_port(port)
         log(f"GCS store: redis-server on 127.0.0.1:{port}, token from the init program's env file")
         namespace = f"faults-{os.getpid()}"  # KubeRay's is the RayCluster's UID: one per cluster
-        yield {"RAY_REDIS_ADDRESS": f"127.0.0.1:{port}", "RAY_external_storage_namespace": namespace}, password
+        yield Store({"RAY_REDIS_ADDRESS": f"127.0.0.1:{port}", "RAY_external_storage_namespace": namespace},
+                    password, port)  # fmt: skip
     finally:
         store.terminate()
         store.wait(10)
@@ -372,17 +397,17 @@ def _child(args: argparse.Namespace) -> int:
         store = stack.enter_context(gcs_store(ray_service, args.events.parent))
         events.write({"type": "gcs_store", "on": store is not None})
         if store is not None:
-            env.update(store[0])
+            env.update(store.env)
         run_id = stack.enter_context(
             local_ray(
-                env, metrics_port, profile.custom_resources(rehearsed), redis_password=store[1] if store else None
+                env, metrics_port, profile.custom_resources(rehearsed), redis_password=store.password if store else None
             )
         )
-        return _under_load(args, events, rehearsed, endpoint, http_port, run_id, fault_tolerant=store is not None)
+        return _under_load(args, events, rehearsed, endpoint, http_port, run_id, store)
 
 
 def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
-                http_port: int, run_id: str, *, fault_tolerant: bool) -> int:  # fmt: skip
+                http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
     events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
     with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
         answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
@@ -393,11 +418,12 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
         for name, title in (("decode replica killed", "ServeReplica:pd-openai:Decode"),
                             ("prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
             _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
-        if fault_tolerant:
+        if store is not None:
             # Held 90 s: past Ray's 60 s default for a raylet to reconnect to a GCS.
             _fault(load, "GCS killed, restarted from the store", lambda: _restart_gcs(run_id, events),
                    args.recovery_bound_s, hold_s=90.0)  # fmt: skip
             _serve_state(events)
+            events.write({"type": "gcs_store_usage", **store.usage()})
         else:  # last: without a store the dead GCS takes every Ray process with it
             _fault(load, "GCS killed (no fault tolerance)", lambda: _kill(run_id, "gcs_server"),
                    args.recovery_bound_s, hold_s=90.0)  # fmt: skip
@@ -439,9 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     faults = judge(events, args.recovery_bound_s) if any(e["type"] == "expected" for e in events) else []
     store = next((e["on"] for e in events if e["type"] == "gcs_store"), None)
     state = next((e for e in events if e["type"] == "state_after_restart"), None)
+    usage = next(({k: v for k, v in e.items() if k != "type"} for e in events if e["type"] == "gcs_store_usage"), None)
     report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
               "streams": STREAMS, "gcs_fault_tolerance": store, "state_after_gcs_restart": state,
-              "faults": faults}  # fmt: skip
+              "gcs_store_usage": usage, "faults": faults}  # fmt: skip
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(

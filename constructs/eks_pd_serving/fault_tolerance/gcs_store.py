@@ -42,7 +42,7 @@ class GcsStore(Construct):
     :param subnets: private subnets in two or more AZs (one node in each, with ``replicas``).
     :param client_security_group_id: the one security group admitted (the cluster's).
     :param node_type: ElastiCache node type. Default: cache.t4g.small (1.37 GiB; the GCS of a
-        two-node Ray cluster holds megabytes).
+        rehearsed PD app left 2.8 MB in its store, docs/features/failures.md).
     :param replicas: read replicas besides the primary, each in another AZ; with one or more,
         ElastiCache fails over on its own (Multi-AZ). Default: 1. 0: one node, no failover.
     """
