@@ -143,3 +143,21 @@ def test_checkov_catches_an_unencrypted_log_group(template_file: Path, tmp_path:
     broken.write_text(json.dumps(template))
     failed = {c["check_id"] for c in checkov(broken)["results"]["failed_checks"]}
     assert "CKV_AWS_158" in failed
+
+
+@needs_checkov
+def test_checkov_catches_a_gcs_store_without_tls_or_token_or_encryption_at_rest(
+    template_file: Path, tmp_path: Path
+) -> None:
+    """The store is under the gate: checkov's ElastiCache checks (cdk-nag 3.0.2's encryption, AUTH
+    and Multi-AZ rules apply to any replication group and pass; its port and backup rules look at
+    engine redis only, so a Valkey group's 6379 and absent backups pass by). Its three protections
+    removed, checkov fails."""
+    template = json.loads(template_file.read_text())
+    (store,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::ElastiCache::ReplicationGroup"]
+    for key in ("TransitEncryptionEnabled", "TransitEncryptionMode", "AuthToken", "AtRestEncryptionEnabled"):
+        del store["Properties"][key]
+    broken = tmp_path / "broken.template.json"
+    broken.write_text(json.dumps(template))
+    failed = {c["check_id"] for c in checkov(broken)["results"]["failed_checks"]}
+    assert {"CKV_AWS_29", "CKV_AWS_30", "CKV_AWS_31"} <= failed

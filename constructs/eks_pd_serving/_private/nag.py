@@ -159,7 +159,6 @@ GCS_STORE_TOKEN = {
         "security group over TLS."
     ),
 }
-GCS_STORE: dict[str, str] = {}
 
 
 MODEL_BUCKET_NO_ACCESS_LOGS = (

@@ -111,7 +111,6 @@ class GcsStore(Construct):
             auto_minor_version_upgrade=True,
         )
         self.resource.apply_removal_policy(RemovalPolicy.DESTROY)
-        nag.acknowledge(self.resource, nag.GCS_STORE)
 
     @property
     def address(self) -> str:
