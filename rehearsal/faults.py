@@ -408,6 +408,7 @@ def _child(args: argparse.Namespace) -> int:
 
 def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
                 http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
+    """Deploy, record the app's own answers, then the faults in order under the clients' load."""
     events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
     with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
         answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
