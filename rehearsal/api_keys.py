@@ -25,6 +25,7 @@ from eks_pd_serving.endpoint import proxy
 from . import local_aws
 from .local_aws import moto_server
 from .probes import Endpoint, ProbeFailed
+from .processes import marked_processes
 
 FIRST_ID, ROTATED_ID = "rehearsal", "rotated"
 # The deployed 30 s would make each rotation step wait half a minute; the bound scales with it.
@@ -160,17 +161,7 @@ def _without_key(endpoint: Endpoint) -> dict[str, Any]:
 
 def _serving_processes(run_id: str) -> list[int]:
     """The PIDs of this run's Serve proxy and replica processes (engines included)."""
-    import psutil
-
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            title = " ".join(process.cmdline())
-            if process.environ().get("EKS_PD_REHEARSAL_RUN") == run_id and (
-                "ServeReplica" in title or "ProxyActor" in title
-            ):
-                found.append(process.pid)
-    return sorted(found)
+    return sorted(p.pid for p in marked_processes(run_id, "ServeReplica", "ProxyActor"))
 
 
 def _until(condition: Any, bound_s: float) -> float | None:

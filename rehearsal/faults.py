@@ -52,8 +52,18 @@ import psutil
 from eks_pd_serving.fault_tolerance import auth
 
 from . import local_aws, profile, tiny_checkpoint
-from .harness import LOCAL_ENV, MARKER, PROMPTS, build, deploy, free_port, kill_marked, local_ray, log
+from .harness import (
+    LOCAL_ENV,
+    PROMPTS,
+    build,
+    deploy,
+    free_port,
+    kill_marked,
+    local_ray,
+    log,
+)
 from .probes import Endpoint
+from .processes import MARKER, marked_processes
 
 MAX_TOKENS = 24
 STREAMS = 2  # concurrent clients
@@ -178,17 +188,8 @@ class Load:
             return [o for o in self.outcomes if o.ended >= moment]
 
 
-def _processes(run_id: str, title: str) -> list[psutil.Process]:
-    found = []
-    for process in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if process.environ().get("EKS_PD_REHEARSAL_RUN") == run_id and title in " ".join(process.cmdline()):
-                found.append(process)
-    return found
-
-
 def _kill(run_id: str, title: str) -> list[int]:
-    victims = _processes(run_id, title)
+    victims = marked_processes(run_id, title)
     for process in victims:
         with contextlib.suppress(psutil.Error):
             process.send_signal(signal.SIGKILL)
@@ -199,11 +200,11 @@ def _restart_gcs(run_id: str, events: Events) -> list[int]:
     """Kill the GCS and start it again with its own command line and environment after
     ``GCS_RESTART_DELAY_S``, as the head container's restart would (the new process keeps the run's
     marker, so the run's teardown stops it)."""
-    (gcs,) = _processes(run_id, "gcs_server")
+    (gcs,) = marked_processes(run_id, "gcs_server")
     command, env, cwd = gcs.cmdline(), gcs.environ(), gcs.cwd()
     # ray.init starts the GCS on a free port (--gcs_server_port=0); the raylet and the driver know
     # the one it took, as a head's do 6379: the new GCS takes that one again.
-    (raylet,) = [p for p in _processes(run_id, "raylet") if p.cmdline()[0].endswith("/raylet")]
+    (raylet,) = [p for p in marked_processes(run_id, "raylet") if p.cmdline()[0].endswith("/raylet")]
     (port,) = [a.rsplit(":", 1)[1] for a in raylet.cmdline() if a.startswith("--gcs-address=")]
     command = [f"--gcs_server_port={port}" if a.startswith("--gcs_server_port=") else a for a in command]
     gcs.kill()
@@ -220,7 +221,6 @@ def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0
     load ``hold_s`` longer; the events file records when."""
     time.sleep(3.0)  # steady load first
     at = time.time()
-    load.events.write({"type": "fault_start", "name": name, "at": at})
     killed = inject()
     load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s})
     log(f"== fault {name}: killed {killed}")
@@ -250,6 +250,7 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
         affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]
         completed = [o for o in window if o.complete]
         restarted = next((e["at"] for e in events if e["type"] == "gcs_restarted" and at <= e["at"] < until), None)
+        down = [o for o in window if restarted is not None and at < o.started <= restarted]
         results.append(
             {
                 "fault": fault["name"],
@@ -269,19 +270,10 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "completed_while_gcs_down": None
                 if restarted is None
                 else sum(o.complete and at < o.ended <= restarted for o in window),
-                "started_while_gcs_down": None
-                if restarted is None
-                else [sum(o.complete for o in down), len(down)]
-                if (down := [o for o in window if at < o.started <= restarted])
-                else [0, 0],
+                "started_while_gcs_down": None if restarted is None else [sum(o.complete for o in down), len(down)],
             }
         )
     return results
-
-
-def _gcs_options(ray_service: dict[str, Any]) -> dict[str, Any] | None:
-    options: dict[str, Any] | None = ray_service["spec"]["rayClusterConfig"].get("gcsFaultToleranceOptions")
-    return options
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -325,7 +317,7 @@ def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[Store | No
     reaches it (the head's init container program from the template turns the secret into the env
     file; the password is the file's key the options name). Yields the head's environment as
     KubeRay sets it and the password (passed as ``ray start --redis-password`` is); None without."""
-    options = _gcs_options(ray_service)
+    options = ray_service["spec"]["rayClusterConfig"].get("gcsFaultToleranceOptions")
     if options is None:
         yield None
         return
@@ -348,8 +340,8 @@ def gcs_store(ray_service: dict[str, Any], workdir: Path) -> Iterator[Store | No
     password = _env_file(env_file)[options["redisPassword"]["valueFrom"]["fileKeyRef"]["key"]]
     port = free_port()
     config = f'port {port}\nbind 127.0.0.1\nrequirepass {password}\nsave ""\nappendonly no\n'
-    store = subprocess.Popen(["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
-                             env={**os.environ, MARKER: os.environ.get(MARKER, "")})  # fmt: skip
+    # It inherits the run's marker, so the run's teardown stops it whatever happens here.
+    store = subprocess.Popen(["redis-server", "-"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert store.stdin is not None
     store.stdin.write(config)
     store.stdin.close()

@@ -24,8 +24,8 @@ from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
 
 from . import api_keys, autoscale, profile, verdict
 from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins
+from .processes import MARKER, marked_processes
 
-MARKER = "EKS_PD_REHEARSAL_RUN"
 PROMPTS = [
     "The quick brown fox",
     "Prefill computes the prompt",
@@ -107,12 +107,7 @@ def kill_marked(run_id: str) -> int:
     """Kill every process of this run that outlived ray.shutdown (orphaned engine cores)."""
     import psutil
 
-    me = os.getpid()
-    victims = []
-    for proc in psutil.process_iter():
-        with contextlib.suppress(psutil.Error):
-            if proc.pid != me and proc.environ().get(MARKER) == run_id:
-                victims.append(proc)
+    victims = marked_processes(run_id)
     for proc in victims:
         with contextlib.suppress(psutil.Error):
             proc.kill()

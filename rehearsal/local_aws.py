@@ -1,5 +1,6 @@
 """moto's server on 127.0.0.1 standing in for the AWS services a rehearsed pod calls (S3 for the
-weights, Secrets Manager for the API keys), with the dummy credentials both sides use."""
+weights, Secrets Manager for the API keys and the GCS store's token), with the dummy credentials
+both sides use."""
 
 from __future__ import annotations
 
@@ -30,4 +31,5 @@ def client(service: str, endpoint: str) -> Any:
     import boto3
 
     return boto3.client(service, endpoint_url=endpoint, region_name=REGION,
-                        aws_access_key_id="rehearsal", aws_secret_access_key="rehearsal")  # fmt: skip
+                        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])  # fmt: skip

@@ -370,10 +370,11 @@ def api(request: pytest.FixtureRequest) -> Iterator[Any]:
 def test_verify_passes_on_the_designed_layout(api: Any) -> None:
     checks, system = verify.check_nodes(api)
     assert system == {"ip-10-0-96-5.ec2.internal"} and all(c.passed for c in checks) and len(checks) == 2
-    pod_checks, pod_nodes = verify.check_pods(api, "inference", "ray-llm-", system)
+    pod_checks, pod_nodes, heads = verify.check_pods(api, "inference", "ray-llm-", system)
     assert all(c.passed for c in pod_checks), pod_checks
     (head,) = [c for c in pod_checks if c.name.startswith("head")]
     assert head.detail == "on node ip-10-0-96-5.ec2.internal; 0 restarts of ray-head"
+    assert [f"head {pod.metadata.name}" for pod in heads] == [head.name]  # what the GCS check asks
     assert [c.detail for c in pod_checks if c.name.startswith("NIXL")] == [verify.LIBFABRIC] * 2
     apps = json.loads((FIXTURES / "serve-applications.json").read_text())
     assert verify.check_replica_placement(apps, pod_nodes).passed
@@ -381,7 +382,7 @@ def test_verify_passes_on_the_designed_layout(api: Any) -> None:
 
 @pytest.mark.parametrize("api", [{"q8w2n": "worker-libfabric.log", "z4m9t": "worker-ucx.log"}], indirect=True)
 def test_verify_fails_on_ucx_with_the_fix(api: Any) -> None:
-    pod_checks, _ = verify.check_pods(api, "inference", "ray-llm-", {"ip-10-0-96-5.ec2.internal"})
+    pod_checks, _, _ = verify.check_pods(api, "inference", "ray-llm-", {"ip-10-0-96-5.ec2.internal"})
     failed = [c for c in pod_checks if not c.passed]
     assert [c.name for c in failed] == ["NIXL ray-llm-x7k2p-gpu-workers-worker-z4m9t"]
     assert "TCP speed" in failed[0].detail and "Fix: keep kv_backend=LIBFABRIC" in failed[0].detail
@@ -404,7 +405,7 @@ def test_verify_fails_when_prefill_and_decode_share_a_node() -> None:
 
 
 def test_verify_head_on_a_gpu_node_fails(api: Any) -> None:
-    pod_checks, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
+    pod_checks, _, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
     (head,) = [c for c in pod_checks if c.name.startswith("head")]
     assert not head.passed
 
@@ -822,3 +823,20 @@ def test_verify_says_a_head_without_fault_tolerance_rebuilds_the_cluster_and_ask
 
     check = verify.check_gcs_fault_tolerance([ft_head(annotated=False)], False, never)
     assert check.passed and check.detail.startswith("off (gcs_fault_tolerance=false)")
+
+
+def test_cost_of_a_brought_key_secret_is_its_reads_only(tmp_path: Path) -> None:
+    from support import API_KEYS_SECRET_ARN
+
+    template = json.loads(
+        synth_assembly(
+            tmp_path,
+            nag=False,
+            endpoint_exposure="internal",
+            region="us-east-1",
+            api_keys_secret_arn=API_KEYS_SECRET_ARN,
+        ).read_text()
+    )
+    lines = {line.item: line for line in cost.estimate(template, "us-east-1", datetime.date(2026, 11, 29))[0]}
+    assert lines["Secrets Manager secret (API keys)"].quantity == 0  # billed to whoever owns it
+    assert lines["Secrets Manager reads (API keys)"].quantity == 360

@@ -158,11 +158,8 @@ def _api_keys(template: dict[str, Any], prices: dict[str, float]) -> list[Line]:
         return []
     pods = 1 + sum(int(group.get("minReplicas", group["replicas"])) for group in cluster["workerGroupSpecs"])
     calls_per_hour = pods * 3600 / float(env[proxy.REFRESH_ENV])
-    secrets = sum(
-        r["Type"] == "AWS::SecretsManager::Secret"
-        and str(r["Properties"].get("Description", "")).startswith("API keys")
-        for r in template["Resources"].values()
-    )
+    # The stack's own secret is a reference (``<logical id>``); a brought one is an ARN, not billed here.
+    secrets = int(str(env.get(proxy.SECRET_ENV, "")).strip("<>") in template["Resources"])
     return [
         Line("Secrets Manager secret (API keys)", secrets, prices["secret_month"] / HOURS_30_DAYS),
         Line(

@@ -97,8 +97,9 @@ def check_nodes(core: Any) -> tuple[list[Check], set[str]]:
 
 def check_pods(
     core: Any, namespace: str, cluster_prefix: str, system_nodes: set[str]
-) -> tuple[list[Check], dict[str, str]]:
-    """Head placement and NIXL backend per worker; returns pod IP -> node for replica placement."""
+) -> tuple[list[Check], dict[str, str], list[Any]]:
+    """Head placement and NIXL backend per worker; returns pod IP -> node for replica placement,
+    and the head pods (for the GCS fault tolerance check)."""
     pods = [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name.startswith(cluster_prefix)]
     heads = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "head"]
     workers = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "worker"]
@@ -119,7 +120,7 @@ def check_pods(
             checks.append(Check(f"NIXL {worker.metadata.name}", False, "no NIXL backend line in the log yet"))
     if not workers:
         checks.append(Check("Ray workers", False, f"no worker pod of {cluster_prefix} in {namespace}"))
-    return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}
+    return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}, heads
 
 
 def head_restarts(head: Any) -> str:
@@ -332,11 +333,8 @@ def run(args: argparse.Namespace) -> int:
             "UpdateKubeconfigCommand output, which authenticates as ClusterAdminRoleArn; you need sts:AssumeRole on it"
         )
         return 1
-    prefix = f"{settings.ray_service_name}-"
-    pod_checks, pod_nodes = check_pods(core, settings.namespace, prefix, system_nodes)
+    pod_checks, pod_nodes, heads = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
     checks += pod_checks
-    heads = [p for p in core.list_namespaced_pod(settings.namespace, label_selector="ray.io/node-type=head").items
-             if p.metadata.name.startswith(prefix)]  # fmt: skip
     checks.append(
         check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
     )

@@ -118,8 +118,13 @@ def _with_api_keys(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any
         *spec["volumes"],
         {"name": _API_KEYS_VOLUME, "configMap": {"name": api_keys_config_map(props.name)}},
     ]
+    return _annotated(pod, API_KEYS_CODE, proxy.source_digest())
+
+
+def _annotated(pod: dict[str, Any], key: str, digest: str) -> dict[str, Any]:
+    """``pod`` with the digest of code it runs as an annotation: new code is a RayCluster change."""
     metadata = pod.setdefault("metadata", {})
-    metadata["annotations"] = {**metadata.get("annotations", {}), API_KEYS_CODE: proxy.source_digest()}
+    metadata["annotations"] = {**metadata.get("annotations", {}), key: digest}
     return pod
 
 
@@ -182,9 +187,7 @@ def _with_gcs_auth(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any
         }
     ]
     spec["volumes"] = [*spec["volumes"], {"name": auth.VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
-    metadata = pod.setdefault("metadata", {})
-    metadata["annotations"] = {**metadata.get("annotations", {}), GCS_AUTH_CODE: auth.source_digest()}
-    return pod
+    return _annotated(pod, GCS_AUTH_CODE, auth.source_digest())
 
 
 def _autoscaler(spec: RayAutoscalerSpec) -> dict[str, Any]:
