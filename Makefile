@@ -3,7 +3,7 @@
 #   make test    every check: format, lint, types, tests (Ray config validation and the CPU
 #                rehearsal included)
 #   make rehearse  run the synthesized serve application on this CPU and probe it
-#   make rehearse-faults  the same under load while a replica or the GCS is killed
+#   make rehearse-faults  the same under load while a replica dies, the KV link is cut, the GCS dies
 #   make rehearse-gpu / emulate-gpu / bench-gpu  the same on NVIDIA GPUs with the image's stack
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -74,6 +74,7 @@ rehearse: $(VENV_REHEARSE)/.deps synth
 # The GCS store on loopback is Debian's redis-server (installed here if missing; needs root).
 rehearse-faults: $(VENV_REHEARSE)/.deps synth
 	command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
+	command -v iptables >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables
 	$(VENV_REHEARSE)/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
 
 $(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.py

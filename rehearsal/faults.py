@@ -4,7 +4,11 @@ injected:
 
 1. the decode replica's process is killed mid-stream;
 2. the prefill replica's process is killed while requests are in flight;
-3. the Ray head's GCS is killed. With the template's GCS fault tolerance (gcsFaultToleranceOptions)
+3. the KV link between the engines is cut for ``KV_CUT_S``, both engines alive: NIXL runs over
+   UCX on TCP for this run, in a port range of its own, and a packet filter resets every
+   connection in that range (root and iptables), so decode's pulls fail as they would when the
+   network between the phases breaks; then the link is healed and must carry KV again;
+4. the Ray head's GCS is killed. With the template's GCS fault tolerance (gcsFaultToleranceOptions)
    the store runs here as the head meets it: the token in Secrets Manager (moto), the head's init
    container program, taken from the template, writing the env file the kubelet would read, and a
    redis-server requiring that token; the GCS is then started again with its own command line, as
@@ -12,9 +16,10 @@ injected:
    template synthesized with gcs_fault_tolerance=false) the GCS stays dead: the control.
 
 For each: how many requests failed and how (HTTP status, error text), how long until a request
-started after the fault succeeded again, and whether any completed answer differs from the app's
-own answer to the same prompt before any fault (greedy: it must not). Bounded: each fault waits
-at most ``--recovery-bound-s``; everything started is stopped at the end.
+started after the fault succeeded again, and whether any completed answer is wrong: neither the
+colocated control's nor the PD app's own before any fault (both recorded first; greedy, so each
+is one text a prompt). Bounded: each fault waits at most ``--recovery-bound-s``; everything
+started is stopped at the end, and the packet filter's chain is removed.
 
 Without GCS fault tolerance a dead GCS takes the raylet down, and the raylet takes every Ray
 process with it, the driver included (so that fault goes last). So the Ray side runs in a child
@@ -22,6 +27,7 @@ process (its own session) that writes each request's outcome and each fault to a
 they happen; this process judges from that file once the child has ended, however it ended.
 
     .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
+    python -m rehearsal.faults --gpu --faults kv   # NVIDIA GPUs, the image's stack on PYTHONPATH
 """
 
 from __future__ import annotations
@@ -50,8 +56,9 @@ import httpx
 import psutil
 
 from eks_pd_serving.fault_tolerance import auth
+from eks_pd_serving.observability import catalogue as om
 
-from . import local_aws, profile, tiny_checkpoint
+from . import gpu_profile, local_aws, profile, qwen35_checkpoint, tiny_checkpoint
 from .harness import (
     LOCAL_ENV,
     PROMPTS,
@@ -61,15 +68,23 @@ from .harness import (
     kill_marked,
     local_ray,
     log,
+    undeploy,
 )
-from .probes import Endpoint
+from .probes import Endpoint, engine_counters
 from .processes import MARKER, marked_processes
 
 MAX_TOKENS = 24
-STREAMS = 2  # concurrent clients
+STREAMS = 2  # concurrent clients, by default
 # Between the GCS's death and its new start: a head container's restart is longer (seconds to
 # start, then the GCS loads the store); what matters here is that the cluster waits for it.
 GCS_RESTART_DELAY_S = 5.0
+# On one host UCX reads a peer's memory through shared memory (cma), which no packet filter sees:
+# this run's NIXL takes TCP on loopback, its listeners in a range of their own (below Linux's
+# ephemeral ports, above Ray's worker ports), so cutting that range cuts KV and nothing else.
+KV_PORTS = (23000, 23999)
+KV_UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_PORT_RANGE": "{}-{}".format(*KV_PORTS)}
+KV_CUT_S = 10.0
+FAULTS = ("decode", "prefill", "kv", "gcs")
 
 
 @dataclass
@@ -151,15 +166,15 @@ class Events:
 
 
 class Load:
-    """``STREAMS`` clients sending one request after another until stopped."""
+    """``streams`` clients sending one request after another until stopped."""
 
-    def __init__(self, endpoint: Endpoint, events: Events) -> None:
+    def __init__(self, endpoint: Endpoint, events: Events, streams: int) -> None:
         self.endpoint = endpoint
         self.events = events
         self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(STREAMS)]
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(streams)]
 
     def _run(self, index: int) -> None:
         with httpx.Client(base_url=self.endpoint.base_url, timeout=120) as client:
@@ -216,6 +231,87 @@ def _restart_gcs(run_id: str, events: Events) -> list[int]:
     return [gcs.pid]
 
 
+class KvLink:
+    """Loopback TCP in ``KV_PORTS``, through a chain of this run's own: ``cut()`` resets every
+    connection there (both directions), ``heal()`` lets it through again, ``remove()`` leaves the
+    host's filter as it was (also called by the parent, whatever became of the child)."""
+
+    def __init__(self, chain: str) -> None:
+        self.chain = chain
+
+    @staticmethod
+    def _iptables(*args: str, check: bool = True) -> bool:
+        ran = subprocess.run(["iptables", "-w", *args], capture_output=True, text=True, check=False)
+        if check and ran.returncode != 0:
+            raise RuntimeError(f"iptables {' '.join(args)}: {ran.stderr.strip()}")
+        return ran.returncode == 0
+
+    @classmethod
+    def preflight(cls) -> None:
+        if shutil.which("iptables") is None:
+            raise RuntimeError("iptables not found. Fix: apt-get install iptables (make rehearse-faults does)")
+        if not cls._iptables("-S", "INPUT", check=False):
+            raise RuntimeError("iptables cannot read the filter table. Fix: run the KV fault as root (CAP_NET_ADMIN)"
+                               " or leave it out with --faults decode,prefill,gcs")  # fmt: skip
+
+    def install(self) -> None:
+        self.remove()
+        self._iptables("-N", self.chain)
+        self._iptables("-I", "INPUT", "-i", "lo", "-j", self.chain)
+
+    def cut(self) -> None:
+        ports = "{}:{}".format(*KV_PORTS)
+        # The resets themselves pass (from a port in the range too): else they are rejected in
+        # turn, never arrive, and the connections hang like a silent drop instead of failing.
+        self._iptables("-A", self.chain, "-p", "tcp", "--tcp-flags", "RST", "RST", "-j", "RETURN")
+        for direction in ("--dport", "--sport"):
+            rule = ["-p", "tcp", direction, ports, "-j", "REJECT", "--reject-with", "tcp-reset"]
+            self._iptables("-A", self.chain, *rule)
+
+    def heal(self) -> None:
+        self._iptables("-F", self.chain)
+
+    def remove(self) -> None:
+        while self._iptables("-D", "INPUT", "-i", "lo", "-j", self.chain, check=False):
+            pass
+        self._iptables("-F", self.chain, check=False)
+        self._iptables("-X", self.chain, check=False)
+
+
+def _kv_connections(run_id: str) -> int:
+    """The run's TCP connections with an end in ``KV_PORTS``: NIXL's, if UCX took TCP."""
+    low, high = KV_PORTS
+    found = set()
+    for process in marked_processes(run_id):
+        with contextlib.suppress(psutil.Error):
+            for connection in process.net_connections("tcp"):
+                ends = [connection.laddr, connection.raddr]
+                if connection.status == psutil.CONN_ESTABLISHED and any(e and low <= e.port <= high for e in ends):
+                    found.add((connection.laddr, connection.raddr))
+    return len(found)
+
+
+def _cut_kv_link(link: KvLink, endpoint: Endpoint, run_id: str, events: Events) -> list[int]:
+    """Cut the KV link now and heal it ``KV_CUT_S`` later (a timer: the load goes on meanwhile);
+    the engines' NIXL counters at the cut, at the heal and at the fault's end go to the events."""
+    connections = _kv_connections(run_id)
+    if not connections:
+        raise RuntimeError(f"no connection in {KV_PORTS} before the cut: NIXL did not take UCX over TCP")
+    before = engine_counters(endpoint.metrics_url)  # read first: a scrape takes seconds here
+    link.cut()
+    events.write({"type": "kv_link", "event": "cut", "at": time.time(), "connections": connections, "counters": before})
+
+    def heal() -> None:
+        link.heal()
+        at = time.time()
+        events.write(
+            {"type": "kv_link", "event": "healed", "at": at, "counters": engine_counters(endpoint.metrics_url)}
+        )
+
+    threading.Timer(KV_CUT_S, heal).start()
+    return []
+
+
 def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0) -> None:
     """Inject, wait (bounded) until two requests started after the fault completed, keep the
     load ``hold_s`` longer; the events file records when."""
@@ -234,16 +330,26 @@ def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0
 
 def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
     """Per fault: the requests it could touch (in flight at it, or started before recovery and
-    the hold), how they ended, the recovery time, and the completed answers that differ from
-    the app's own before any fault."""
-    expected = next(e["answers"] for e in events if e["type"] == "expected")
+    the hold), how they ended, the recovery time, and the completed answers that are wrong.
+
+    An answer has two right forms: the colocated control's (the prompt computed where it is
+    decoded, as decode does when it recomputes a failed pull) and the PD app's own before any
+    fault (the KV computed by prefill and moved). Greedy, each is one text a prompt; the two
+    can differ in the last tokens (prefill's and decode's numerics on random weights), so an
+    answer is wrong when it is neither."""
+    answers = next(e for e in events if e["type"] == "expected")
+    control, pd = answers["control"], answers["pd"]
     fields = set(Outcome.__dataclass_fields__)
     outcomes = [Outcome(**{k: v for k, v in e.items() if k in fields}) for e in events if e["type"] == "outcome"]
     faults = [e for e in events if e["type"] == "fault"]
     results = []
     for index, fault in enumerate(faults):
-        at = fault["at"]
         until = faults[index + 1]["at"] if index + 1 < len(faults) else float("inf")
+        # The KV link's fault starts when the link is cut (its counters are read just before).
+        cut = [
+            e["at"] for e in events if e["type"] == "kv_link" and e["event"] == "cut" and fault["at"] <= e["at"] < until
+        ]
+        at = cut[0] if cut else fault["at"]
         window = [o for o in outcomes if o.ended >= at and o.started < until]
         good = sorted(o.ended for o in window if o.started > at and o.complete)
         recovered_s = good[1] - at if len(good) >= 2 and good[1] - at <= bound_s + 5 else None
@@ -262,7 +368,8 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "held_s": fault["hold_s"],
                 "first_failure_s": min((o.ended - at for o in affected if not o.complete), default=None),
                 "completed": len(completed),
-                "wrong_answers": sum(o.text != expected[o.prompt] for o in completed),
+                "wrong_answers": sum(o.text not in (control[o.prompt], pd[o.prompt]) for o in completed),
+                "answered_as_control": sum(o.text == control[o.prompt] != pd[o.prompt] for o in completed),
                 "ended_by_fault": not any(e["type"] == "fault_end" and e["name"] == fault["name"] for e in events),
                 # A GCS restarted from its store: how long it was down, the answers finished while it
                 # was (in flight at the kill or started after it), and those started while it was.
@@ -271,9 +378,32 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 if restarted is None
                 else sum(o.complete and at < o.ended <= restarted for o in window),
                 "started_while_gcs_down": None if restarted is None else [sum(o.complete for o in down), len(down)],
+                **_kv_link_figures(events, at, until),
             }
         )
     return results
+
+
+def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> dict[str, Any]:
+    """For the KV link's cut: the engines' NIXL counters over the cut and after the heal (pulls
+    that failed, pulls that moved KV once the link was back), from the events; {} otherwise."""
+    link = {e["event"]: e for e in events if e["type"] == "kv_link" and at <= e["at"] < until}
+    if "cut" not in link:
+        return {}
+    cut, healed, end = (link.get(k, {}).get("counters") for k in ("cut", "healed", "end"))
+
+    def moved(key: str, start: dict[str, float] | None, stop: dict[str, float] | None) -> float | None:
+        return None if start is None or stop is None else stop[key] - start[key]
+
+    return {
+        "kv_connections_cut": link["cut"]["connections"],
+        "kv_cut_s": round(link["healed"]["at"] - link["cut"]["at"], 1) if "healed" in link else None,
+        "kv_failed_transfers_while_cut": moved("nixl_failed_transfers", cut, healed),
+        "kv_failed_transfers_after_heal": moved("nixl_failed_transfers", healed, end),
+        "kv_transfers_while_cut": moved("nixl_transfers", cut, healed),
+        "kv_transfers_after_heal": moved("nixl_transfers", healed, end),
+        "kv_external_tokens_after_heal": moved("external_kv_tokens", healed, end),
+    }
 
 
 def _env_file(path: Path) -> dict[str, str]:
@@ -375,18 +505,31 @@ def _child(args: argparse.Namespace) -> int:
     answers, then the faults under load."""
     events = Events(args.events)
     ray_service = profile.ray_service_from_template(args.template)
-    checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
     deployed = profile.serve_config(ray_service)
     (app,) = deployed["applications"]
-    rehearsed = profile.local_profile(deployed, checkpoint)
+    if args.gpu:  # the image's stack on NVIDIA GPUs: Qwen3.5's own class, the GPU profile
+        host = gpu_profile.detect_host()
+        model_dir = qwen35_checkpoint.build((args.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
+        rehearsed = gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=False)
+        env = gpu_profile.gpu_env(profile.worker_env(ray_service), host)
+    else:
+        rehearsed = profile.local_profile(deployed, tiny_checkpoint.build(args.checkpoint.resolve()))
+        env = {**profile.worker_env(ray_service), **LOCAL_ENV}
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
-    env = {**profile.worker_env(ray_service), **LOCAL_ENV}
     for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY")) or k == "PYTHONPATH"]:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
+    if "kv" in args.faults:
+        env.update(KV_UCX_ENV)
+        if args.gpu:
+            # KV stays in CUDA memory as deployed; UCX copies it through host memory onto TCP.
+            # (Host staging, kv_buffer_device cpu, fails for hybrid models in vLLM 0.26:
+            # initialize_host_xfer_buffer takes every KV cache for one tensor.)
+            env["UCX_TLS"] = "tcp,cuda_copy"
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     with contextlib.ExitStack() as stack:
-        store = stack.enter_context(gcs_store(ray_service, args.events.parent))
+        # The store serves the GCS fault only; without it, a run of the others needs no redis-server.
+        store = stack.enter_context(gcs_store(ray_service, args.events.parent)) if "gcs" in args.faults else None
         events.write({"type": "gcs_store", "on": store is not None})
         if store is not None:
             env.update(store.env)
@@ -398,19 +541,44 @@ def _child(args: argparse.Namespace) -> int:
         return _under_load(args, events, rehearsed, endpoint, http_port, run_id, store)
 
 
-def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
-                http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
-    """Deploy, record the app's own answers, then the faults in order under the clients' load."""
-    events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
+def _answers(endpoint: Endpoint, what: str) -> dict[str, str]:
+    """Each prompt's greedy answer, one request at a time."""
     with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
         answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
     if not all(a.complete for a in answers.values()):
-        raise RuntimeError("the app did not answer every prompt before any fault")
-    events.write({"type": "expected", "answers": {p: a.text for p, a in answers.items()}})
-    with Load(endpoint, events) as load:
-        for name, title in (("decode replica killed", "ServeReplica:pd-openai:Decode"),
-                            ("prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
-            _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
+        raise RuntimeError(f"{what} did not answer every prompt before any fault")
+    return {p: a.text for p, a in answers.items()}
+
+
+def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
+                http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
+    """The colocated control's answers (the reference), then the PD app's before any fault, then
+    the faults in order under the clients' load."""
+    control = profile.colocated_control(rehearsed, placement=None if args.gpu else profile.LOCAL_PLACEMENT)
+    deploy(build(control), http_port, args.timeout_s)
+    reference = _answers(endpoint, "the colocated control")
+    undeploy(control)
+    events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
+    (app,) = rehearsed["applications"]
+    kv = app["args"]["decode_config"]["engine_kwargs"]["kv_transfer_config"]
+    events.write({"type": "expected", "control": reference, "pd": _answers(endpoint, "the PD app"),
+                  "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail")})  # fmt: skip
+    with Load(endpoint, events, args.streams) as load:
+        for key, name, title in (("decode", "decode replica killed", "ServeReplica:pd-openai:Decode"),
+                                 ("prefill", "prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
+            if key in args.faults:
+                _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
+        if "kv" in args.faults:
+            link = KvLink(args.kv_chain)
+            link.install()
+            # Held past the heal: the link must carry KV again, not only decode recompute.
+            _fault(load, "KV link cut", lambda: _cut_kv_link(link, endpoint, run_id, events), args.recovery_bound_s,
+                   hold_s=KV_CUT_S + 20.0)  # fmt: skip
+            events.write({"type": "kv_link", "event": "end", "at": time.time(),
+                          "counters": engine_counters(endpoint.metrics_url)})  # fmt: skip
+            link.remove()
+        if "gcs" not in args.faults:
+            return 0
         if store is not None:
             # Held 90 s: past Ray's 60 s default for a raylet to reconnect to a GCS.
             _fault(load, "GCS killed, restarted from the store", lambda: _restart_gcs(run_id, events),
@@ -423,6 +591,33 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
     return 0
 
 
+class Output:
+    """The child's output (the engines' and Ray's too), passed through as it comes, and the lines
+    the ``KvPullFailed`` alarm's filter counts on the cluster."""
+
+    def __init__(self, child: subprocess.Popen[str]) -> None:
+        self.pull_failed_lines = 0
+        self._thread = threading.Thread(target=self._read, args=(child,), daemon=True)
+        self._thread.start()
+
+    def _read(self, child: subprocess.Popen[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            sys.stdout.write(line)
+            self.pull_failed_lines += om.KV_PULL_FAILED_LINE in line
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+
+
+def _faults(value: str) -> tuple[str, ...]:
+    chosen = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [v for v in chosen if v not in FAULTS]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"{value!r}: name one or more of {','.join(FAULTS)}, comma-separated")
+    return tuple(f for f in FAULTS if f in chosen)  # always in the rehearsal's order
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
@@ -430,8 +625,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report", type=Path, default=Path(".rehearsal/faults.json"))
     parser.add_argument("--timeout-s", type=float, default=240.0)
     parser.add_argument("--recovery-bound-s", type=float, default=240.0)
+    parser.add_argument(
+        "--gpu", action="store_true", help="on NVIDIA GPUs with the image's stack (Ray 2.58, vLLM 0.26)"
+    )
+    parser.add_argument("--streams", type=int, default=STREAMS, help=f"concurrent clients ({STREAMS})")
+    parser.add_argument("--faults", type=_faults, default=FAULTS, help=f"comma-separated, of {','.join(FAULTS)} (all)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--kv-chain", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     for noisy in ("httpx", "ray", "ray.serve", "vllm"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -441,27 +642,45 @@ def main(argv: list[str] | None = None) -> int:
     events_file = args.report.with_suffix(".events.jsonl")
     events_file.unlink(missing_ok=True)
     run_id = os.environ.get(MARKER) or f"faults-{os.getpid()}"
+    link = KvLink(f"EKSPD-KV-{os.getpid()}")  # iptables chain names: at most 28 characters
+    if "kv" in args.faults:
+        try:
+            KvLink.preflight()
+        except RuntimeError as exc:
+            log(f"FAIL: {exc}")
+            return 2
     command = [sys.executable, "-m", "rehearsal.faults", "--child", "--events", str(events_file),
                "--template", str(args.template), "--checkpoint", str(args.checkpoint),
-               "--timeout-s", str(args.timeout_s), "--recovery-bound-s", str(args.recovery_bound_s)]  # fmt: skip
-    bound_s = args.timeout_s + 3 * (args.recovery_bound_s + 100) + 300
+               "--timeout-s", str(args.timeout_s), "--recovery-bound-s", str(args.recovery_bound_s),
+               "--faults", ",".join(args.faults), "--kv-chain", link.chain, "--streams", str(args.streams),
+               *(["--gpu"] if args.gpu else [])]  # fmt: skip
+    bound_s = 2 * args.timeout_s + len(args.faults) * (args.recovery_bound_s + 100) + 300  # two deploys
+    child = subprocess.Popen(command, env={**os.environ, MARKER: run_id}, start_new_session=True, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, errors="replace")  # fmt: skip
+    output = Output(child)
     try:
-        child = subprocess.run(
-            command, env={**os.environ, MARKER: run_id}, start_new_session=True, timeout=bound_s, check=False
-        )
-        exit_code: int | None = child.returncode
+        exit_code: int | None = child.wait(timeout=bound_s)
     except subprocess.TimeoutExpired:
         exit_code = None
     finally:
         stopped = kill_marked(run_id)
+        if "kv" in args.faults:
+            link.remove()
     events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
     faults = judge(events, args.recovery_bound_s) if any(e["type"] == "expected" for e in events) else []
     store = next((e["on"] for e in events if e["type"] == "gcs_store"), None)
     state = next((e for e in events if e["type"] == "state_after_restart"), None)
     usage = next(({k: v for k, v in e.items() if k != "type"} for e in events if e["type"] == "gcs_store_usage"), None)
+    expected = next((e for e in events if e["type"] == "expected"), None)
+    differs = expected and [p for p in PROMPTS if expected["control"][p] != expected["pd"][p]]
     report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
-              "streams": STREAMS, "gcs_fault_tolerance": store, "state_after_gcs_restart": state,
-              "gcs_store_usage": usage, "faults": faults}  # fmt: skip
+              "streams": args.streams, "gpu": args.gpu, "faults_chosen": list(args.faults),
+              "kv_load_failure_policy": expected and expected["kv_load_failure_policy"],
+              "pd_differs_from_control": differs,
+              "gcs_fault_tolerance": store, "state_after_gcs_restart": state, "gcs_store_usage": usage,
+              "faults": faults}  # fmt: skip
+    output.join()
+    report["kv_pull_failed_lines"] = output.pull_failed_lines
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(
@@ -475,14 +694,21 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def holds(report: dict[str, Any]) -> bool:
-    """What must hold: every fault was injected, no completed answer differs, each replica fault
-    recovers within the bound; with GCS fault tolerance, the GCS's death fails no request, the
-    replicas serve while it is down, and the restarted GCS knows the Serve controller."""
+    """What must hold: every chosen fault was injected, no completed answer is wrong, each
+    replica fault and the KV link's cut recover within the bound; the cut failed pulls, the
+    healed link moved KV again, the engines logged the line the ``KvPullFailed`` alarm counts,
+    and under ``recompute`` no request failed; with GCS fault
+    tolerance, the GCS's death fails no request, the replicas serve while it is down, and the
+    restarted GCS knows the Serve controller."""
     faults = report["faults"]
-    replica_faults = [f for f in faults if "replica" in f["fault"]]
-    ok = len(faults) == 3 and all(f["recovered_s"] is not None for f in replica_faults)
+    bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f]
+    ok = len(faults) == len(report["faults_chosen"]) and all(f["recovered_s"] is not None for f in bounded)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
-    if report["gcs_fault_tolerance"]:
+    for kv in (f for f in faults if "kv_cut_s" in f):
+        ok = ok and (kv["kv_failed_transfers_while_cut"] or 0) > 0 and (kv["kv_transfers_after_heal"] or 0) > 0
+        ok = ok and report["kv_pull_failed_lines"] > 0  # what the KvPullFailed alarm counts
+        ok = ok and (report["kv_load_failure_policy"] != "recompute" or kv["requests_failed"] == 0)
+    if report["gcs_fault_tolerance"] and "gcs" in report["faults_chosen"]:
         gcs = faults[-1] if faults else {}
         ok = ok and gcs.get("requests_failed") == 0 and bool(gcs.get("completed_while_gcs_down"))
         ok = ok and bool((report["state_after_gcs_restart"] or {}).get("controller_found"))

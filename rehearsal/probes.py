@@ -19,11 +19,13 @@ EXTERNAL = ("ray_vllm_prompt_tokens_by_source_total", "external_kv_transfer")
 LOCAL = ("ray_vllm_prompt_tokens_by_source_total", "local_compute")
 NIXL_TRANSFERS = ("ray_vllm_nixl_xfer_time_seconds_count", None)
 NIXL_BYTES = ("ray_vllm_nixl_bytes_transferred_sum", None)
+NIXL_FAILED = ("ray_vllm_nixl_num_failed_transfers_total", None)
 COUNTERS = {
     "external_kv_tokens": EXTERNAL,
     "local_tokens": LOCAL,
     "nixl_transfers": NIXL_TRANSFERS,
     "nixl_bytes": NIXL_BYTES,
+    "nixl_failed_transfers": NIXL_FAILED,
 }
 
 

@@ -236,8 +236,8 @@ def test_the_dashboard_url_is_an_output(observed: dict[str, Any]) -> None:
 
 # --- alarms ---------------------------------------------------------------------------------
 def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(observed: dict[str, Any]) -> None:
-    (metric_filter,) = resources_of_type(observed, "AWS::Logs::MetricFilter").values()
-    pattern = metric_filter["Properties"]["FilterPattern"]
+    filters = resources_of_type(observed, "AWS::Logs::MetricFilter").values()
+    (pattern,) = [f["Properties"]["FilterPattern"] for f in filters if "UCX" in f["Properties"]["FilterPattern"]]
     assert pattern == om.UCX_FILTER_PATTERN
     # Lines the CPU rehearsal's engines logged (UCX) and the LIBFABRIC line of a GPU node.
     ucx = (FIXTURES / "verify" / "worker-ucx.log").read_text().splitlines()
@@ -248,6 +248,24 @@ def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(
     assert log_filter_matches(pattern, ucx_lines + libfabric_lines) == ucx_lines
     # A pattern that is not the logged phrase matches nothing: the check can fail.
     assert log_filter_matches('"Backend UCX was selected"', ucx_lines) == []
+
+
+def test_the_failed_pull_filter_counts_one_line_a_request_whose_kv_decode_could_not_pull(
+    observed: dict[str, Any],
+) -> None:
+    filters = resources_of_type(observed, "AWS::Logs::MetricFilter").values()
+    patterns = {
+        f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]["FilterPattern"] for f in filters
+    }
+    pattern = patterns[om.KV_PULL_FAILED_METRIC]
+    assert pattern == om.KV_PULL_FAILED_FILTER_PATTERN
+    # The engines' output while the fault rehearsal cut the KV link: two requests failed their pull,
+    # among NIXL's own error lines (a disconnect, a failed handshake) that must not count twice.
+    lines = (FIXTURES / "verify" / "worker-kv-pull-failed.log").read_text().splitlines()
+    selected = log_filter_matches(pattern, lines)
+    assert len(selected) == 2 and all("chatcmpl-" in line for line in selected)
+    assert len(lines) > 10
+    assert log_filter_matches('"Skipping KV post-processing for a failed request"', lines) == []
 
 
 def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(observed: dict[str, Any]) -> None:
@@ -264,6 +282,10 @@ def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(obs
     ]
     (expression,) = [m for m in efa["Metrics"] if "Expression" in m]
     assert expression["Expression"] == "IF(served > 0 AND FILL(efa, 0) == 0, 1, 0)"
+    (pulls,) = [a for k, a in alarms.items() if "KvPullFailed" in k]
+    assert (pulls["MetricName"], pulls["Namespace"]) == (om.KV_PULL_FAILED_METRIC, "EksPdServing/ray-llm-multinode")
+    assert (pulls["Threshold"], pulls["EvaluationPeriods"], pulls["TreatMissingData"]) == (1, 1, "notBreaching")
+    assert "vllm-project/vllm#52234" in pulls["AlarmDescription"]
 
 
 def test_alarm_email_adds_an_encrypted_topic_that_both_alarms_notify(observed: dict[str, Any]) -> None:

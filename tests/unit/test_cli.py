@@ -91,16 +91,16 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     # + 5 KMS keys (secrets, flow logs, logs, weights, GCS store) x 1.00 / 720 h
     # + Qwen3.5-9B's bf16 checkpoint in S3: 2 x 9.02e9 bytes = 18.0 GB x 0.023 / 720 h
     # + the GCS store: 2 x cache.t4g.small (Valkey) x 0.0256, its token's secret 0.40 / 720 h
-    # + observability a month: 1 dashboard x 3.00, 3 alarm metrics (UCX 1, KV-over-EFA 2) x 0.10,
-    #   14 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2 sources, 2 vLLM
-    #   totals, the UCX line count) x 0.30
-    observability = (3.00 + 3 * 0.10 + 14 * 0.30) / 720
+    # + observability a month: 1 dashboard x 3.00, 4 alarm metrics (UCX 1, KV-over-EFA 2, failed
+    #   pulls 1) x 0.10, 15 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2
+    #   sources, 2 vLLM totals, the UCX and failed-pull line counts) x 0.30
+    observability = (3.00 + 4 * 0.10 + 15 * 0.30) / 720
     weights = 18.0 * 0.023 / 720
     gcs_store = 2 * 0.0256 + 0.40 / 720
     assert hourly == pytest.approx(
         0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 5 / 720 + weights + gcs_store + observability
     )
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3240.47, abs=0.01)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3240.87, abs=0.01)
     assert {line.item for line in lines} >= {
         "CloudWatch dashboard",
         "CloudWatch alarm metrics",
@@ -144,7 +144,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,240.47" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,240.87" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------

@@ -4,12 +4,18 @@ themselves run in `make rehearse-faults` (docs/features/failures.md has a run's 
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from rehearsal.faults import Outcome, holds, judge
 
+ROOT = Path(__file__).resolve().parents[2]
+
 RIGHT = "the answer"
+LOCAL = "the answer, computed where it is decoded"  # the colocated control's, when it differs
 
 
 def outcome(started: float, ended: float, **kind: Any) -> dict[str, Any]:
@@ -17,9 +23,11 @@ def outcome(started: float, ended: float, **kind: Any) -> dict[str, Any]:
     return {"type": "outcome", **asdict(Outcome("p", started, ended, **fields))}
 
 
-def events(*outcomes: dict[str, Any], hold_s: float = 0.0, ended: bool = True) -> list[dict[str, Any]]:
+def events(
+    *outcomes: dict[str, Any], hold_s: float = 0.0, ended: bool = True, control: str = RIGHT
+) -> list[dict[str, Any]]:
     found: list[dict[str, Any]] = [
-        {"type": "expected", "answers": {"p": RIGHT}},
+        {"type": "expected", "control": {"p": control}, "pd": {"p": RIGHT}, "kv_load_failure_policy": "recompute"},
         {"type": "fault", "name": "f", "at": 10.0, "killed": [1], "hold_s": hold_s},
     ]
     found += outcomes
@@ -74,17 +82,32 @@ def test_a_gcs_restarted_from_its_store_counts_what_was_served_while_it_was_down
     assert result["started_while_gcs_down"] == [2, 2]
 
 
-def _report(gcs: dict[str, Any], state: dict[str, Any] | None, fault_tolerant: bool = True) -> dict[str, Any]:
+def _report(
+    gcs: dict[str, Any], state: dict[str, Any] | None, fault_tolerant: bool = True, kv: dict[str, Any] | None = None
+) -> dict[str, Any]:
     replica = {"fault": "decode replica killed", "recovered_s": 50.0, "wrong_answers": 0}
+    faults = [replica, {**replica, "fault": "prefill replica killed"}]
+    if kv is not None:
+        faults.append({**KV_CUT, **kv})
     return {
+        "faults_chosen": ["decode", "prefill", *(["kv"] if kv is not None else []), "gcs"],
+        "kv_load_failure_policy": "recompute",
+        "kv_pull_failed_lines": 19 if kv is not None else 0,
         "gcs_fault_tolerance": fault_tolerant,
         "state_after_gcs_restart": state,
-        "faults": [
-            replica,
-            {**replica, "fault": "prefill replica killed"},
-            {"fault": "GCS killed", "wrong_answers": 0, **gcs},
-        ],
+        "faults": [*faults, {"fault": "GCS killed", "wrong_answers": 0, **gcs}],
     }
+
+
+KV_CUT = {
+    "fault": "KV link cut",
+    "recovered_s": 1.4,
+    "wrong_answers": 0,
+    "requests_failed": 0,
+    "kv_cut_s": 10.3,
+    "kv_failed_transfers_while_cut": 22.0,
+    "kv_transfers_after_heal": 58.0,
+}
 
 
 FOUND = {"controller_found": True}
@@ -103,3 +126,61 @@ def test_without_a_store_the_gcs_fault_may_take_the_cluster_down_but_no_answer_m
     dead = {"requests_failed": 4, "recovered_s": None}
     assert holds(_report(dead, None, fault_tolerant=False))
     assert not holds(_report({**dead, "wrong_answers": 1}, None, fault_tolerant=False))
+
+
+def test_an_answer_is_wrong_only_when_it_is_neither_the_pd_apps_nor_the_colocated_controls() -> None:
+    (result,) = judge(
+        events(
+            outcome(11.0, 12.0), outcome(12.0, 13.0, text=LOCAL), outcome(13.0, 14.0, text="garbage"), control=LOCAL
+        ),
+        bound_s=240,
+    )
+    assert (result["completed"], result["answered_as_control"], result["wrong_answers"]) == (3, 1, 1)
+
+
+def test_the_kv_links_cut_is_measured_by_the_engines_counters_at_the_cut_the_heal_and_the_end() -> None:
+    def link(event: str, at: float, failed: float, moved: float) -> dict[str, Any]:
+        counters = {"nixl_failed_transfers": failed, "nixl_transfers": moved, "external_kv_tokens": 10 * moved}
+        return {"type": "kv_link", "event": event, "at": at, "counters": counters, "connections": 30}
+
+    # The fault is recorded at 10.0; the link is cut at 12.0 (the counters are read first): the
+    # request that ended before the cut is not the cut's.
+    recorded = events(outcome(10.5, 11.5), outcome(12.5, 13.0), outcome(13.0, 14.0))
+    recorded[2:2] = [link("cut", 12.0, 0, 15), link("healed", 22.3, 22, 16), link("end", 45.0, 24, 74)]
+    (result,) = judge(recorded, bound_s=240)
+    assert (result["requests_affected"], result["recovered_s"]) == (2, 2.0)
+    assert (result["kv_cut_s"], result["kv_connections_cut"]) == (10.3, 30)
+    assert (result["kv_failed_transfers_while_cut"], result["kv_failed_transfers_after_heal"]) == (22, 2)
+    assert (result["kv_transfers_while_cut"], result["kv_transfers_after_heal"]) == (1, 58)
+    assert result["kv_external_tokens_after_heal"] == 580
+
+
+def test_the_kv_cut_must_fail_pulls_recover_carry_kv_again_and_under_recompute_fail_no_request() -> None:
+    gcs = {"requests_failed": 0, "completed_while_gcs_down": 2}
+    assert holds(_report(gcs, FOUND, kv={}))
+    # Each of these breaks it: no pull failed (the cut missed NIXL), the healed link carried no
+    # KV, a request failed under recompute, a wrong answer, no recovery within the bound.
+    assert not holds(_report(gcs, FOUND, kv={"kv_failed_transfers_while_cut": 0.0}))
+    assert not holds(_report(gcs, FOUND, kv={"kv_transfers_after_heal": 0.0}))
+    assert not holds(_report(gcs, FOUND, kv={"requests_failed": 1}))
+    assert not holds(_report(gcs, FOUND, kv={"wrong_answers": 1}))
+    assert not holds(_report(gcs, FOUND, kv={"recovered_s": None}))
+    # The engines logged no line for the alarm to count.
+    assert not holds({**_report(gcs, FOUND, kv={}), "kv_pull_failed_lines": 0})
+    # Under fail, a failed pull is the client's error to retry.
+    assert holds({**_report(gcs, FOUND, kv={"requests_failed": 3}), "kv_load_failure_policy": "fail"})
+    # A chosen fault that never ran.
+    assert not holds({**_report(gcs, FOUND), "faults_chosen": ["decode", "prefill", "kv", "gcs"]})
+
+
+def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_line(tmp_path: Path) -> None:
+    report = tmp_path / "faults.json"
+    command = [sys.executable, "-m", "rehearsal.faults", "--faults", "kv", "--report", str(report)]
+    env = {"PATH": str(tmp_path), "PYTHONPATH": f"{ROOT}:{ROOT / 'constructs'}"}  # no iptables on it
+    ran = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr
+    assert ran.stdout.strip() == "FAIL: iptables not found. Fix: apt-get install iptables (make rehearse-faults does)"
+    assert not report.exists() and not report.with_suffix(".events.jsonl").exists()
+    # A fault's name that is not one: argparse's own refusal, naming the setting and the choices.
+    ran = subprocess.run([*command[:4], "kv,disk"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 2 and "--faults: 'kv,disk': name one or more of decode,prefill,kv,gcs" in ran.stderr

@@ -200,7 +200,7 @@ def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) ->
         Line("CloudWatch alarm metrics", alarm_metrics, prices["cw_alarm_metric_month"] * month),
         Line(
             "CloudWatch custom metrics",
-            custom_metric_count(),
+            custom_metric_count(sum(r["Type"] == "AWS::Logs::MetricFilter" for r in resources)),
             prices["cw_custom_metric_month"] * month,
             "Ray scrape; plus log ingestion, Container Insights and OTLP histograms, per GB (not included)",
         ),

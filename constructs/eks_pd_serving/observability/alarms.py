@@ -1,8 +1,11 @@
-"""The two alarms that watch the KV path, and the topic they notify.
+"""The three alarms that watch the KV path, and the topic they notify.
 
 - ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
   treat as an error.
 - ``KvNotOverEfa``: requests finished while the GPU nodes' EFA byte counters stood still.
+- ``KvPullFailed``: a decode engine logged that it could not pull a request's KV. With the image's
+  vLLM 0.26 and a hybrid model (the default Qwen3.5) nothing else says so: that request is
+  answered with HTTP 200 from KV that was never written (docs/features/failures.md).
 
 Their resources are added under the scope given (the dashboard's), so their construct paths, and
 the logical ids CloudFormation knows them by, are those they always had.
@@ -38,10 +41,44 @@ def cluster_total(namespace: str, metric: str, cluster_name: str, period: Durati
     )
 
 
+def _log_line_alarm(
+    scope: Construct,
+    ids: tuple[str, str],
+    log_group: logs.ILogGroup,
+    namespace: str,
+    counted: tuple[str, str],
+    description: str,
+) -> tuple[logs.MetricFilter, cw.Alarm]:
+    """A metric filter counting a log line (``counted``: its filter pattern and metric name) and
+    an alarm on one such line in ``ALARM_PERIOD``; ``ids``: the filter's and the alarm's."""
+    pattern, metric_name = counted
+    metric_filter = logs.MetricFilter(
+        scope,
+        ids[0],
+        log_group=log_group,
+        filter_pattern=logs.FilterPattern.literal(pattern),
+        metric_namespace=namespace,
+        metric_name=metric_name,
+        metric_value="1",
+    )
+    alarm = cw.Alarm(
+        scope,
+        ids[1],
+        alarm_description=description,
+        metric=metric_filter.metric(statistic="Sum", period=ALARM_PERIOD),
+        threshold=1,
+        evaluation_periods=1,
+        comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+    )
+    return metric_filter, alarm
+
+
 @dataclass(frozen=True)
 class KvPathAlarms:
     ucx_filter: logs.MetricFilter
-    alarms: tuple[cw.Alarm, cw.Alarm]
+    pull_failed_filter: logs.MetricFilter
+    alarms: tuple[cw.Alarm, cw.Alarm, cw.Alarm]
     #: The SNS topic the alarms notify, with ``alarm_email``.
     topic: sns.Topic | None
 
@@ -51,32 +88,19 @@ def kv_path_alarms(
 ) -> KvPathAlarms:
     """:param scope: where the alarms' resources go.
     :param cluster_name: the cluster's name (every metric's ClusterName).
-    :param application_logs: the add-on's container log group (where the UCX line is counted).
+    :param application_logs: the add-on's container log group (where the UCX and failed-pull lines are counted).
     :param alarm_email: an address the alarms notify (SNS, KMS-encrypted). Default: none.
     """
-    ucx_namespace = f"{om.NAMESPACE}/{cluster_name}"
-    ucx_filter = logs.MetricFilter(
+    namespace = f"{om.NAMESPACE}/{cluster_name}"
+    ucx_filter, ucx_alarm = _log_line_alarm(
         scope,
-        "UcxLines",
-        log_group=application_logs,
-        filter_pattern=logs.FilterPattern.literal(om.UCX_FILTER_PATTERN),
-        metric_namespace=ucx_namespace,
-        metric_name=om.UCX_METRIC,
-        metric_value="1",
-    )
-    ucx_alarm = cw.Alarm(
-        scope,
-        "UcxFallback",
-        alarm_description=(
-            f"{cluster_name}: a vLLM engine logged '{om.UCX_LINE}': NIXL moves the KV cache over "
-            "UCX (TCP), not LIBFABRIC (EFA). Check the EFA device plugin and the pods' "
-            "vpc.amazonaws.com/efa resources (README, Troubleshooting)."
-        ),
-        metric=ucx_filter.metric(statistic="Sum", period=ALARM_PERIOD),
-        threshold=1,
-        evaluation_periods=1,
-        comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-        treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        ("UcxLines", "UcxFallback"),
+        application_logs,
+        namespace,
+        (om.UCX_FILTER_PATTERN, om.UCX_METRIC),
+        f"{cluster_name}: a vLLM engine logged '{om.UCX_LINE}': NIXL moves the KV cache over "
+        "UCX (TCP), not LIBFABRIC (EFA). Check the EFA device plugin and the pods' "
+        "vpc.amazonaws.com/efa resources (README, Troubleshooting).",
     )
     served = cluster_total(om.NAMESPACE, om.REQUESTS_SERVED, cluster_name, ALARM_PERIOD)
     efa_bytes = cluster_total(om.CONTAINER_INSIGHTS, om.EFA_RX_BYTES, cluster_name, ALARM_PERIOD)
@@ -99,7 +123,19 @@ def kv_path_alarms(
         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
     )
-    alarms = (ucx_alarm, efa_alarm)
+    pull_failed_filter, pull_failed_alarm = _log_line_alarm(
+        scope,
+        ("KvPullFailedLines", "KvPullFailed"),
+        application_logs,
+        namespace,
+        (om.KV_PULL_FAILED_FILTER_PATTERN, om.KV_PULL_FAILED_METRIC),
+        f"{cluster_name}: a decode engine could not pull a request's KV cache from prefill "
+        f"('{om.KV_PULL_FAILED_LINE}'). With vLLM 0.26 and a hybrid model (Qwen3.5) that request "
+        "was answered from KV that was never written (HTTP 200, wrong text; vllm-project/vllm#52234), "
+        "and after a lost connection every later one is, until the decode replica is replaced; "
+        "with a dense model it failed. What to do: docs/features/failures.md.",
+    )
+    alarms = (ucx_alarm, efa_alarm, pull_failed_alarm)
     topic: sns.Topic | None = None
     if alarm_email:
         key = rotating_key(scope, "TopicKey", f"Encryption of {cluster_name}'s alarm topic")
@@ -110,4 +146,4 @@ def kv_path_alarms(
         for alarm in alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(topic))
             alarm.add_ok_action(cw_actions.SnsAction(topic))
-    return KvPathAlarms(ucx_filter=ucx_filter, alarms=alarms, topic=topic)
+    return KvPathAlarms(ucx_filter=ucx_filter, pull_failed_filter=pull_failed_filter, alarms=alarms, topic=topic)

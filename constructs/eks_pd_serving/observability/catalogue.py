@@ -55,6 +55,12 @@ UCX_LINE: Final = NIXL_BACKEND_LINE.format("UCX")
 LIBFABRIC_LINE: Final = NIXL_BACKEND_LINE.format("LIBFABRIC")
 UCX_FILTER_PATTERN: Final = f'"{UCX_LINE}"'
 UCX_METRIC: Final = "NixlUcxBackendLines"
+# The line a decode engine's NIXL connector logs once for each request whose KV it could not pull
+# (vLLM 0.26.0 and 0.32.0 alike, NixlConnectorWorker.get_finished). Under vLLM 0.26 with a hybrid
+# model that request goes on to decode from KV that was never written (vllm-project/vllm#52234).
+KV_PULL_FAILED_LINE: Final = "Skipping KV post-processing for failed request"
+KV_PULL_FAILED_FILTER_PATTERN: Final = f'"{KV_PULL_FAILED_LINE}"'
+KV_PULL_FAILED_METRIC: Final = "NixlFailedKvPulls"
 
 
 @dataclass(frozen=True)
@@ -125,10 +131,10 @@ SCRAPE_METADATA: Final = (
 )
 
 
-def custom_metric_count() -> int:
+def custom_metric_count(metric_filters: int) -> int:
     """CloudWatch metrics the stack publishes: each Ray metric's series (more replicas add none),
-    and the UCX line count."""
-    return 1 + sum(metric.series for metric in RAY_METRICS)
+    and one for each of the template's log metric filters (the UCX and failed-pull line counts)."""
+    return metric_filters + sum(metric.series for metric in RAY_METRICS)
 
 
 def log_group_names(cluster_name: str) -> dict[str, str]:

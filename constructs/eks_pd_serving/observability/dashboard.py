@@ -1,4 +1,4 @@
-"""One CloudWatch dashboard for the deployment, with the two alarms that watch the KV path
+"""One CloudWatch dashboard for the deployment, with the three alarms that watch the KV path
 (``alarms``).
 
 - Per Serve deployment (prefill, decode, the OpenAI ingress): requests running, waiting and served
@@ -9,8 +9,10 @@
 - ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
   treat as an error.
 - ``KvNotOverEfa``: requests finished while the GPU nodes' EFA byte counters stood still.
+- ``KvPullFailed``: a decode engine could not pull a request's KV (under vLLM 0.26 and a hybrid
+  model, that answer is wrong and nothing else says so).
 
-Both alarms notify an SNS topic when ``alarm_email`` is given.
+The alarms notify an SNS topic when ``alarm_email`` is given.
 """
 
 from __future__ import annotations
@@ -97,7 +99,8 @@ class ServingDashboard(Construct):
 
         kv = kv_path_alarms(self, cluster_name=cluster_name, application_logs=application_logs, alarm_email=alarm_email)
         self.ucx_filter = kv.ucx_filter
-        self.ucx_alarm, self.efa_alarm = kv.alarms
+        self.pull_failed_filter = kv.pull_failed_filter
+        self.ucx_alarm, self.efa_alarm, self.pull_failed_alarm = kv.alarms
         self.alarms = kv.alarms
         self.topic = kv.topic
 
