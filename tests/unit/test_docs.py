@@ -96,6 +96,7 @@ def test_the_readme_is_a_front_door() -> None:
         "## Two commands",
         "## A first deploy",
         "## As a construct in your own app",
+        "## Known problems",
         "## Documentation",
         "## What is proven offline, and what only on paper",
         "## Libraries and what they carry",
