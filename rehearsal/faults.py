@@ -8,7 +8,9 @@ injected:
    UCX on TCP for this run, in a port range of its own, and a packet filter resets every
    connection in that range (root and iptables), so decode's pulls fail as they would when the
    network between the phases breaks; then the link is healed and must carry KV again;
-4. the Ray head's GCS is killed. With the template's GCS fault tolerance (gcsFaultToleranceOptions)
+4. the decode replica is replaced by the runbook's program for a broken KV link (what an operator
+   runs in the head's container: eks_pd_serving.fault_tolerance.runbook), and must serve again;
+5. the Ray head's GCS is killed. With the template's GCS fault tolerance (gcsFaultToleranceOptions)
    the store runs here as the head meets it: the token in Secrets Manager (moto), the head's init
    container program, taken from the template, writing the env file the kubelet would read, and a
    redis-server requiring that token; the GCS is then started again with its own command line, as
@@ -55,7 +57,7 @@ from typing import Any
 import httpx
 import psutil
 
-from eks_pd_serving.fault_tolerance import auth
+from eks_pd_serving.fault_tolerance import auth, runbook
 from eks_pd_serving.observability import catalogue as om
 
 from . import gpu_profile, local_aws, profile, qwen35_checkpoint, tiny_checkpoint
@@ -84,7 +86,8 @@ GCS_RESTART_DELAY_S = 5.0
 KV_PORTS = (23000, 23999)
 KV_UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_PORT_RANGE": "{}-{}".format(*KV_PORTS)}
 KV_CUT_S = 10.0
-FAULTS = ("decode", "prefill", "kv", "gcs")
+FAULTS = ("decode", "prefill", "kv", "replace", "gcs")
+REPLACED = "decode replica replaced by the runbook's command"
 
 
 @dataclass
@@ -310,6 +313,17 @@ def _cut_kv_link(link: KvLink, endpoint: Endpoint, run_id: str, events: Events) 
 
     threading.Timer(KV_CUT_S, heal).start()
     return []
+
+
+def _replace_decode() -> list[str]:
+    """The runbook's program for a broken KV link (docs/features/failures.md), run as the
+    operator runs it in the head's container: a driver of its own on the cluster's Ray."""
+    ran = subprocess.run([sys.executable, "-c", runbook.REPLACE_DECODE], capture_output=True, text=True,
+                         timeout=120, check=False)  # fmt: skip
+    if ran.returncode != 0:
+        raise RuntimeError(f"the runbook's program failed: {ran.stderr.strip()[-300:]}")
+    (line,) = [line for line in ran.stdout.splitlines() if line.startswith(runbook.REPLACED_LINE)]
+    return list(json.loads(line.removeprefix(runbook.REPLACED_LINE)))
 
 
 def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0) -> None:
@@ -577,6 +591,8 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             events.write({"type": "kv_link", "event": "end", "at": time.time(),
                           "counters": engine_counters(endpoint.metrics_url)})  # fmt: skip
             link.remove()
+        if "replace" in args.faults:
+            _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
         if "gcs" not in args.faults:
             return 0
         if store is not None:
@@ -699,11 +715,12 @@ def holds(report: dict[str, Any]) -> bool:
     healed link moved KV again, the engines logged the line the ``KvPullFailed`` alarm counts,
     and under ``recompute`` no request failed; with GCS fault
     tolerance, the GCS's death fails no request, the replicas serve while it is down, and the
-    restarted GCS knows the Serve controller."""
+    restarted GCS knows the Serve controller; the runbook's program found a decode replica."""
     faults = report["faults"]
     bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f]
     ok = len(faults) == len(report["faults_chosen"]) and all(f["recovered_s"] is not None for f in bounded)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
+    ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
     for kv in (f for f in faults if "kv_cut_s" in f):
         ok = ok and (kv["kv_failed_transfers_while_cut"] or 0) > 0 and (kv["kv_transfers_after_heal"] or 0) > 0
         ok = ok and report["kv_pull_failed_lines"] > 0  # what the KvPullFailed alarm counts

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from eks_pd_serving.config.settings import Settings
+from eks_pd_serving.fault_tolerance import runbook
+from eks_pd_serving.k8s import serve_config
 from tools import settings_reference
 
 
@@ -101,3 +103,11 @@ def test_the_readme_is_a_front_door() -> None:
         "## What is proven offline, and what only on paper",
         "## Libraries and what they carry",
     ]
+
+
+def test_the_failures_page_shows_the_runbooks_command_as_the_package_has_it() -> None:
+    page = (ROOT / "docs" / "features" / "failures.md").read_text()
+    shown = "\n".join(line.removeprefix("  ") for line in page.splitlines())
+    assert runbook.replace_decode_command() in shown
+    assert runbook.replace_decode_command("other") not in shown  # the check can fail
+    assert f"SERVE_REPLICA::{serve_config.APP_NAME}#Decode" == runbook.DECODE_REPLICA_PREFIX

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rehearsal.faults import Outcome, holds, judge
+from rehearsal.faults import REPLACED, Outcome, holds, judge
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -173,6 +173,19 @@ def test_the_kv_cut_must_fail_pulls_recover_carry_kv_again_and_under_recompute_f
     assert not holds({**_report(gcs, FOUND), "faults_chosen": ["decode", "prefill", "kv", "gcs"]})
 
 
+def test_the_runbooks_replacement_must_find_a_decode_replica_and_serve_again() -> None:
+    gcs = {"requests_failed": 0, "completed_while_gcs_down": 2}
+    replaced = {"fault": REPLACED, "killed": ["SERVE_REPLICA::pd-openai#Decode:m#a1"], "recovered_s": 50.0}
+    report = _report(gcs, FOUND)
+    report["faults"].insert(2, {**replaced, "wrong_answers": 0})
+    report["faults_chosen"].insert(2, "replace")
+    assert holds(report)
+    report["faults"][2] = {**replaced, "wrong_answers": 0, "killed": []}  # found nothing to replace
+    assert not holds(report)
+    report["faults"][2] = {**replaced, "wrong_answers": 0, "recovered_s": None}  # never served again
+    assert not holds(report)
+
+
 def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_line(tmp_path: Path) -> None:
     report = tmp_path / "faults.json"
     command = [sys.executable, "-m", "rehearsal.faults", "--faults", "kv", "--report", str(report)]
@@ -183,4 +196,6 @@ def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_lin
     assert not report.exists() and not report.with_suffix(".events.jsonl").exists()
     # A fault's name that is not one: argparse's own refusal, naming the setting and the choices.
     ran = subprocess.run([*command[:4], "kv,disk"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert ran.returncode == 2 and "--faults: 'kv,disk': name one or more of decode,prefill,kv,gcs" in ran.stderr
+    assert (
+        ran.returncode == 2 and "--faults: 'kv,disk': name one or more of decode,prefill,kv,replace,gcs" in ran.stderr
+    )
