@@ -713,9 +713,9 @@ def holds(report: dict[str, Any]) -> bool:
     """What must hold: every chosen fault was injected, no completed answer is wrong, each
     replica fault and the KV link's cut recover within the bound; the cut failed pulls, the
     healed link moved KV again, the engines logged the line the ``KvPullFailed`` alarm counts,
-    and under ``recompute`` no request failed; with GCS fault
-    tolerance, the GCS's death fails no request, the replicas serve while it is down, and the
-    restarted GCS knows the Serve controller; the runbook's program found a decode replica."""
+    and under ``recompute`` no request failed; the runbook's program found a decode replica;
+    with GCS fault tolerance, the GCS's death fails no request, the replicas serve while it is
+    down, and the restarted GCS knows the Serve controller."""
     faults = report["faults"]
     bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f]
     ok = len(faults) == len(report["faults_chosen"]) and all(f["recovered_s"] is not None for f in bounded)

@@ -194,6 +194,15 @@ def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_lin
     assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr
     assert ran.stdout.strip() == "FAIL: iptables not found. Fix: apt-get install iptables (make rehearse-faults does)"
     assert not report.exists() and not report.with_suffix(".events.jsonl").exists()
+    # An iptables that cannot read the filter table (no root, no CAP_NET_ADMIN): the same, its own line.
+    fake = tmp_path / "iptables"
+    fake.write_text("#!/bin/sh\necho 'Permission denied (you must be root)' >&2\nexit 4\n")
+    fake.chmod(0o755)
+    ran = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert ran.returncode == 2 and "Traceback" not in ran.stdout + ran.stderr
+    assert ran.stdout.strip().startswith("FAIL: iptables cannot read the filter table. Fix: run the KV fault as root")
+    assert not report.exists()
+    fake.unlink()
     # A fault's name that is not one: argparse's own refusal, naming the setting and the choices.
     ran = subprocess.run([*command[:4], "kv,disk"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert (
