@@ -80,7 +80,7 @@ class ClusterAutoscaler(Construct):
                     "SetDesiredCapacity and TerminateInstanceInAutoScalingGroup are conditioned on the "
                     "eks:cluster-name tag of this cluster's Auto Scaling groups."
                 ),
-                f"{nag.PACK}-IAM5[Resource::arn:<AWS::Partition>:eks:<AWS::Region>:<AWS::AccountId>:nodegroup/"
+                f"{nag.PACK}-IAM5[Resource::{nag.arn_prefix(self, 'eks')}:nodegroup/"
                 f"<{nag.logical_id(cluster.node.default_child)}>/*/*]": (
                     "eks:DescribeNodegroup on this cluster's node groups only (their names and ids are "
                     "chosen by EKS at creation)."

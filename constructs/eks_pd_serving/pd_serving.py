@@ -4,7 +4,7 @@ each takes from the settings (``DeploymentConfig``) is decided in ``mapping``.""
 
 from __future__ import annotations
 
-from aws_cdk import Annotations, Token
+from aws_cdk import Annotations, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
@@ -49,6 +49,7 @@ class PdServing(Construct):
         self.config = config
         self.region = mapping.region(config)
         self._refuse_duplicate_cluster_name()
+        self._refuse_other_region()
         self.network = Network(
             self,
             "Network",
@@ -314,6 +315,17 @@ class PdServing(Construct):
                 "VPC with ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
             )
         return cidr
+
+    def _refuse_other_region(self) -> None:
+        """The image, the CloudWatch agent and the pods' AWS clients use the ``region`` setting; a
+        stack deployed elsewhere would point them at the other region."""
+        stack_region = Stack.of(self).region
+        if self.config.region and not Token.is_unresolved(stack_region) and stack_region != self.config.region:
+            raise ConfigError(
+                f"region={self.config.region!r} differs from the stack's own region {stack_region!r} "
+                f"({Stack.of(self).node.path}). Fix: set region to {stack_region!r}, or leave it unset",
+                setting="region",
+            )
 
     def _refuse_duplicate_cluster_name(self) -> None:
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""

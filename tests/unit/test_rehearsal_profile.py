@@ -45,9 +45,9 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
 def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_file: Path) -> None:
     env = profile.worker_env(profile.ray_service_from_template(template_file))
     # RAY_LOG_TO_STDERR stays: the rehearsal shows the NIXL line where a pod's log would have it;
-    # AWS_REGION (the weights' S3 reads) too.
+    # the region (the weights' S3 reads; AWS_DEFAULT_REGION is the one botocore reads) too.
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1", "RAY_LOG_TO_STDERR": "1",
-                   "AWS_REGION": "us-east-1"}  # fmt: skip
+                   "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
 
 
 def test_colocated_control_has_no_connector(template_file: Path) -> None:

@@ -155,10 +155,29 @@ def test_create_starts_the_job_for_the_revision() -> None:
     assert answer == {"PhysicalResourceId": f"s3://{BUCKET}/{PREFIX}/", "Data": {"BuildId": "job:1"}}
 
 
-def test_delete_leaves_the_weights_to_the_buckets_removal_policy() -> None:
+def test_delete_stops_a_build_still_running_and_leaves_the_weights_to_the_bucket() -> None:
+    """A rollback after the wait gave up: the build still staging is stopped, the finished one
+    is left alone; the objects are the bucket's removal policy's to decide."""
+    client, stub = _codebuild()
+    stub.add_response("list_builds_for_project", {"ids": ["job:2", "job:1"]},
+                      {"projectName": "job", "sortOrder": "DESCENDING"})  # fmt: skip
+    builds = [{"id": "job:2", "buildStatus": "IN_PROGRESS"}, {"id": "job:1", "buildStatus": "SUCCEEDED"}]
+    stub.add_response("batch_get_builds", {"builds": builds}, {"ids": ["job:2", "job:1"]})
+    stub.add_response("stop_build", {"build": {"id": "job:2"}}, {"id": "job:2"})
     event = {"RequestType": "Delete", "ResourceProperties": PROPS, "PhysicalResourceId": "p"}
-    assert handler.on_event(event) == {"PhysicalResourceId": "p"}
+    with stub:
+        assert handler.on_event(event, codebuild=client) == {"PhysicalResourceId": "p"}
+    stub.assert_no_pending_responses()
     assert handler.is_complete(event) == {"IsComplete": True}
+
+
+def test_delete_with_no_build_stops_nothing() -> None:
+    client, stub = _codebuild()
+    # A project that never built: the answer has no ids at all (the model's list has a minimum of one).
+    stub.add_response("list_builds_for_project", {}, {"projectName": "job", "sortOrder": "DESCENDING"})
+    event = {"RequestType": "Delete", "ResourceProperties": PROPS, "PhysicalResourceId": "p"}
+    with stub:
+        assert handler.on_event(event, codebuild=client) == {"PhysicalResourceId": "p"}
 
 
 @pytest.mark.parametrize(("status", "done"), [("IN_PROGRESS", False), ("SUCCEEDED", True)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aws_cdk import Acknowledgment, Stack, Validations
+from aws_cdk import Acknowledgment, Stack, Token, Validations
 from constructs import IConstruct
 
 PACK = "AwsSolutions"
@@ -176,6 +176,18 @@ WEIGHTS_FUNCTION = {
 }
 
 
+def arn_prefix(scope: IConstruct, service: str) -> str:
+    """``arn:partition:service:region:account`` as cdk-nag renders it in a finding: the pseudo
+    parameters for an environment-agnostic stack, the literals for one with an explicit ``env``."""
+    stack = Stack.of(scope)
+
+    def shown(value: str, pseudo: str) -> str:
+        return f"<AWS::{pseudo}>" if Token.is_unresolved(value) else value
+
+    partition = shown(stack.partition, "Partition")
+    return f"arn:{partition}:{service}:{shown(stack.region, 'Region')}:{shown(stack.account, 'AccountId')}"
+
+
 def _stack_ids(*elements: IConstruct) -> list[str]:
     return [logical_id(e.node.default_child) for e in elements]
 
@@ -189,9 +201,9 @@ def staging_job(project: IConstruct, bucket: IConstruct) -> dict[str, str]:
             "The job stages any revision of the served model under models/<repository>/<revision>/; the "
             "object keys are the files of that revision, unknown before it runs."
         ),
-        f"{PACK}-IAM5[Resource::arn:<AWS::Partition>:logs:<AWS::Region>:<AWS::AccountId>:log-group:/aws/codebuild/"
+        f"{PACK}-IAM5[Resource::{arn_prefix(project, 'logs')}:log-group:/aws/codebuild/"
         f"<{project_id}>:*]": "aws-cdk-lib's CodeBuild grant: the project's own log streams.",
-        f"{PACK}-IAM5[Resource::arn:<AWS::Partition>:codebuild:<AWS::Region>:<AWS::AccountId>:report-group/"
+        f"{PACK}-IAM5[Resource::{arn_prefix(project, 'codebuild')}:report-group/"
         f"<{project_id}>-*]": "aws-cdk-lib's CodeBuild grant: the project's own report groups (unused).",
         **{
             f"{PACK}-IAM5[Action::{action}]": (

@@ -213,10 +213,17 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
     }
 
 
+def _region_env(region: str) -> list[dict[str, str]]:
+    """Both names: botocore 1.44 reads only ``AWS_DEFAULT_REGION`` (configprovider.py); the AWS
+    SDKs of other languages and the CLI v2 read ``AWS_REGION``. Ray 2.58's S3 mirror builds its
+    client without a region, so without the first it signs for us-east-1 on the global endpoint."""
+    return [{"name": "AWS_REGION", "value": region}, {"name": "AWS_DEFAULT_REGION", "value": region}]
+
+
 def _head_pod(props: RayServiceProps) -> dict[str, Any]:
     env = _api_keys_env(props)
     if env and props.aws_region:
-        env.append({"name": "AWS_REGION", "value": props.aws_region})
+        env.extend(_region_env(props.aws_region))
     return {
         "spec": {
             **({"serviceAccountName": props.head_service_account} if props.head_service_account else {}),
@@ -262,8 +269,8 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     if props.hybrid_model:
         env.append({"name": "VLLM_SSM_CONV_STATE_LAYOUT", "value": "DS"})
     if props.aws_region:
-        # Ray's S3 download (boto3) uses the regional endpoint, which the VPC's gateway endpoint serves.
-        env.append({"name": "AWS_REGION", "value": props.aws_region})
+        # Ray's S3 mirror (boto3) signs for the regional endpoint, which the VPC's gateway endpoint serves.
+        env.extend(_region_env(props.aws_region))
     env.extend(_api_keys_env(props))
     low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {

@@ -31,9 +31,11 @@ HANDLER_DIR = Path(__file__).parent / "handler"
 RESOURCE_TYPE = "Custom::ModelWeights"
 # The staging job's own Python packages (CodeBuild installs them from PyPI at each run).
 JOB_PACKAGES = ("huggingface_hub==2.4.0", "boto3==1.44.8")
-# A large model (70B, 141 GB) streams in well under CloudFormation's custom-resource wait of 2 h
-# (the Provider framework's most) at CodeBuild's bandwidth; the job stops at the same limit.
-STAGING_TIMEOUT = Duration.hours(2)
+# CloudFormation waits for a custom resource at most one hour (ServiceTimeout <= 3,600 s; the
+# Provider's totalTimeout doc says so and does not enforce it, aws/aws-cdk#24974). The waiter gives
+# up before that, and the job stops at the same limit, so a failed wait leaves no build running.
+STAGING_TIMEOUT = Duration.minutes(55)
+CLOUDFORMATION_WAIT = Duration.hours(1)
 _OUTSIDE_VPC = "Calls only CodeBuild and S3 APIs; no ENI to release on destroy"
 
 
@@ -87,6 +89,9 @@ class ModelWeights(Construct):
             auto_delete_objects=destroy,
         )
         nag.acknowledge(self.bucket, nag.MODEL_BUCKET)
+        if not destroy and self.bucket.policy is not None:
+            # A retained bucket keeps its guard: the TLS-only policy outlives the stack with it.
+            self.bucket.policy.apply_removal_policy(RemovalPolicy.RETAIN)
         if destroy:  # aws-cdk-lib's bucket emptier (a stack-level provider) calls only S3
             checkov.skip_stack_provider(
                 self, "Custom::S3AutoDeleteObjects", checkov.LAMBDA_OUTSIDE_VPC, "Calls only the S3 API on destroy"
@@ -143,6 +148,9 @@ class ModelWeights(Construct):
                 resources=[self.bucket.arn_for_objects(f"{MODELS}/*")],
             )
         )
+        # Its first call probes the .staged marker, which a first deploy lacks: without ListBucket S3
+        # answers that missing key 403 AccessDenied, not 404 (S3 API reference, GetObject).
+        project.add_to_role_policy(self._list_models())
         self.key.grant(project, "kms:Decrypt", "kms:GenerateDataKey")
         nag.acknowledge(project, nag.staging_job(project, self.bucket))
         return project
@@ -150,8 +158,17 @@ class ModelWeights(Construct):
     def _staging(self, log_groups: LogGroups, model_source: str, revision: str) -> CustomResource:
         function = self._handler(log_groups, "Function", "on_event", "Starts the weights-staging job and waits for it")
         complete = self._handler(log_groups, "IsComplete", "is_complete", "Polls the weights-staging job")
+        # Delete (a rollback included) stops the project's builds still running: nothing staged on, billed.
         function.add_to_role_policy(
-            iam.PolicyStatement(actions=["codebuild:StartBuild"], resources=[self.project.project_arn])
+            iam.PolicyStatement(
+                actions=[
+                    "codebuild:StartBuild",
+                    "codebuild:ListBuildsForProject",
+                    "codebuild:BatchGetBuilds",
+                    "codebuild:StopBuild",
+                ],
+                resources=[self.project.project_arn],
+            )
         )
         complete.add_to_role_policy(
             iam.PolicyStatement(actions=["codebuild:BatchGetBuilds"], resources=[self.project.project_arn])
@@ -160,6 +177,8 @@ class ModelWeights(Construct):
         complete.add_to_role_policy(
             iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODELS}/*")])
         )
+        # A job that died before writing its reason leaves no object: 404 (its log), not 403.
+        complete.add_to_role_policy(self._list_models())
         self.key.grant(complete, "kms:Decrypt")
         provider = cr.Provider(
             self,
@@ -179,6 +198,7 @@ class ModelWeights(Construct):
             "Resource",
             service_token=provider.service_token,
             resource_type=RESOURCE_TYPE,
+            service_timeout=CLOUDFORMATION_WAIT,
             properties={
                 "ProjectName": self.project.project_name,
                 "Bucket": self.bucket.bucket_name,
@@ -204,6 +224,11 @@ class ModelWeights(Construct):
             "permissions)",
         )
         return resource
+
+    def _list_models(self) -> iam.PolicyStatement:
+        """ListBucket on the bucket: what turns a missing key's 403 into 404. No ``s3:prefix``
+        condition: a GetObject request carries no prefix, so a conditioned grant would not count."""
+        return iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
 
     def _handler(self, log_groups: LogGroups, id: str, entry: str, description: str) -> lambda_.Function:
         """One of the custom resource's two handlers (handler/handler.py), logging to a group of ours."""

@@ -1,7 +1,8 @@
 """The weights-staging custom resource (aws-cdk-lib's Provider framework, with is_complete):
 on create and update it starts the staging job for the revision and waits for it; the deploy
 goes on only once the weights are in the bucket, or fails with the job's one-line reason. Delete
-does nothing: the bucket's removal policy decides what happens to the objects."""
+(a rollback's too) stops the project's builds still running, so none stages on, billed, after the
+stack has given up on it; the bucket's removal policy decides what happens to the objects."""
 
 from __future__ import annotations
 
@@ -17,16 +18,29 @@ class StagingFailed(RuntimeError):
 def on_event(event: dict[str, Any], context: Any = None, codebuild: Any = None) -> dict[str, Any]:
     props = event["ResourceProperties"]
     physical_id = f"s3://{props['Bucket']}/{props['Prefix']}/"
-    if event["RequestType"] == "Delete":
-        return {"PhysicalResourceId": event.get("PhysicalResourceId", physical_id)}
     if codebuild is None:
         import boto3
 
         codebuild = boto3.client("codebuild")
+    if event["RequestType"] == "Delete":
+        stop_running_builds(codebuild, props["ProjectName"])
+        return {"PhysicalResourceId": event.get("PhysicalResourceId", physical_id)}
     overrides = [{"name": name, "value": str(props[key]), "type": "PLAINTEXT"}
                  for name, key in (("MODEL", "Model"), ("REVISION", "Revision"), ("PREFIX", "Prefix"))]  # fmt: skip
     build = codebuild.start_build(projectName=props["ProjectName"], environmentVariablesOverride=overrides)
     return {"PhysicalResourceId": physical_id, "Data": {"BuildId": build["build"]["id"]}}
+
+
+def stop_running_builds(codebuild: Any, project: str) -> list[str]:
+    """Stop the project's builds still in progress (newest first; the job runs one at a time, so
+    the first page holds any that run); return their ids."""
+    ids = codebuild.list_builds_for_project(projectName=project, sortOrder="DESCENDING").get("ids", [])[:100]
+    if not ids:
+        return []
+    running = [b["id"] for b in codebuild.batch_get_builds(ids=ids)["builds"] if b["buildStatus"] == "IN_PROGRESS"]
+    for build_id in running:
+        codebuild.stop_build(id=build_id)
+    return running
 
 
 def is_complete(event: dict[str, Any], context: Any = None, codebuild: Any = None, s3: Any = None) -> dict[str, Any]:

@@ -1,0 +1,165 @@
+"""The IAM rung: the staging job's and its custom resource's calls, recorded while their code runs
+(against moto's S3 and botocore's Stubber), judged against their roles' policies as synthesized,
+with S3's rule for missing keys (403, not 404, without s3:ListBucket) that moto does not apply."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import boto3
+import pytest
+from aws_cdk.assertions import Template
+from botocore.stub import Stubber
+from iam_rung import Call, Recorder, allowed, denied, principal_policies, record
+from moto import mock_aws
+
+from eks_pd_serving.weights.handler import handler
+from eks_pd_serving.weights.job import stage
+
+BUCKET_NAME = "weights-test"
+
+
+@pytest.fixture(scope="module")
+def synthesized(template: Template) -> dict[str, Any]:
+    return dict(template.to_json())
+
+
+def _weights(t: dict[str, Any]) -> dict[str, Any]:
+    (props,) = [r["Properties"] for r in t["Resources"].values() if r["Type"] == "Custom::ModelWeights"]
+    return dict(props)
+
+
+def _names(t: dict[str, Any]) -> dict[str, str]:
+    return {_weights(t)["Bucket"]["Ref"]: BUCKET_NAME}
+
+
+def _job_role(t: dict[str, Any]) -> str:
+    (project,) = [r for r in t["Resources"].values() if r["Type"] == "AWS::CodeBuild::Project"]
+    return str(project["Properties"]["ServiceRole"]["Fn::GetAtt"][0])
+
+
+def _handler_role(t: dict[str, Any], description: str) -> str:
+    """The role of the weights custom resource's handler with this description."""
+    functions = [r["Properties"] for r in t["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    (role,) = [f["Role"]["Fn::GetAtt"][0] for f in functions if f.get("Description") == description]
+    return str(role)
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET_NAME)
+        yield client
+
+
+class _Hub:
+    def model_info(self, model: str, revision: str, token: str | None, files_metadata: bool) -> Any:
+        files = ["config.json", "model.safetensors"]
+        return SimpleNamespace(sha="ab" * 20, siblings=[SimpleNamespace(rfilename=f) for f in files])
+
+    def download(self, model: str, name: str, revision: str, token: str | None, local_dir: str) -> str:
+        path = Path(local_dir) / name
+        path.write_bytes(b"x")
+        return str(path)
+
+
+def _first_staging(t: dict[str, Any], s3: Any, monkeypatch: pytest.MonkeyPatch) -> list[Call]:
+    """The job as a first deploy runs it: no marker yet, stage, write the hash and the marker."""
+    props = _weights(t)
+    for key, value in {"BUCKET": BUCKET_NAME, "PREFIX": props["Prefix"], "MODEL": props["Model"],
+                       "REVISION": props["Revision"]}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    recorder = Recorder()
+    hub = _Hub()
+    assert stage.main(record(s3, recorder), hub, hub.download) == 0
+    return recorder.calls
+
+
+def test_the_first_staging_records_the_missing_marker_probe(
+    synthesized: dict[str, Any], s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _first_staging(synthesized, s3, monkeypatch)
+    prefix = _weights(synthesized)["Prefix"]
+    assert (
+        Call("s3:ListBucket", f"arn:aws:s3:::{BUCKET_NAME}", why=f"{prefix}/.staged is missing: 404 not 403") in calls
+    )
+    assert Call("s3:PutObject", f"arn:aws:s3:::{BUCKET_NAME}/{prefix}/.staged") in calls
+
+
+def test_the_staging_jobs_role_allows_every_call_of_a_first_deploy(
+    synthesized: dict[str, Any], s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _first_staging(synthesized, s3, monkeypatch)
+    policies = principal_policies(synthesized, _job_role(synthesized), _names(synthesized))
+    assert denied(policies, calls) == []
+
+
+def test_the_rung_fails_on_the_job_role_without_list_bucket(
+    synthesized: dict[str, Any], s3: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """G1's template (59da05f): objects under models/ granted, the bucket not listable. S3 answers
+    the first deploy's marker probe 403, the job exits 1, the stack rolls back."""
+    broken = copy.deepcopy(synthesized)
+    role = _job_role(broken)
+    for resource in broken["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role} in resource["Properties"]["Roles"]:
+            statements = resource["Properties"]["PolicyDocument"]["Statement"]
+            statements[:] = [s for s in statements if s["Action"] != "s3:ListBucket"]
+    calls = _first_staging(broken, s3, monkeypatch)
+    missing = denied(principal_policies(broken, role, _names(broken)), calls)
+    assert missing == [
+        f"s3:ListBucket on arn:aws:s3:::{BUCKET_NAME} ({_weights(broken)['Prefix']}/.staged is missing: 404 not 403)"
+    ]
+
+
+def test_a_prefix_conditioned_list_grant_does_not_count_for_a_missing_key() -> None:
+    """A GetObject request carries no s3:prefix, so ListBucket granted only for a prefix leaves S3's 403."""
+    conditioned = [{"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
+                    "Condition": {"StringLike": {"s3:prefix": ["models/*"]}}}]  # fmt: skip
+    probe = Call("s3:ListBucket", "arn:aws:s3:::b", why="models/x/.staged is missing")
+    listing = Call("s3:ListBucket", "arn:aws:s3:::b", (("s3:prefix", "models/x/"),))
+    assert not allowed(conditioned, probe) and allowed(conditioned, listing)
+
+
+def test_is_complete_may_read_a_missing_reason_as_404(synthesized: dict[str, Any], s3: Any) -> None:
+    """A job that died before writing its reason: is_complete's read of it is a missing key."""
+    props = _weights(synthesized)
+    recorder = Recorder()
+    codebuild = boto3.client("codebuild", region_name="us-east-1")
+    stub = Stubber(codebuild)
+    stub.add_response("batch_get_builds", {"builds": [{"id": "j:1", "buildStatus": "FAILED"}]}, {"ids": ["j:1"]})
+    event = {
+        "RequestType": "Create",
+        "ResourceProperties": {**props, "Bucket": BUCKET_NAME},
+        "Data": {"BuildId": "j:1"},
+    }
+    with stub, pytest.raises(handler.StagingFailed, match="without a reason"):
+        handler.is_complete(event, codebuild=codebuild, s3=record(s3, recorder))
+    role = _handler_role(synthesized, "Polls the weights-staging job")
+    assert recorder.calls and denied(principal_policies(synthesized, role, _names(synthesized)), recorder.calls) == []
+
+
+def test_on_events_delete_may_stop_the_build(synthesized: dict[str, Any]) -> None:
+    """Delete lists, reads and stops the project's builds: the function's role allows all three."""
+    project_arn = "arn:aws:codebuild:us-east-1:111122223333:project/codebuildproject-physical"
+    (project_id,) = [k for k, r in synthesized["Resources"].items() if r["Type"] == "AWS::CodeBuild::Project"]
+    names = {**_names(synthesized), project_id: "project/codebuildproject-physical"}
+    policies = principal_policies(
+        synthesized, _handler_role(synthesized, "Starts the weights-staging job and waits for it"), names
+    )
+    calls = [
+        Call(f"codebuild:{op}", project_arn)
+        for op in ("StartBuild", "ListBuildsForProject", "BatchGetBuilds", "StopBuild")
+    ]
+    assert denied(policies, calls) == []
