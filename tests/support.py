@@ -3,15 +3,18 @@ CDK CLI does, reading templates. Fixtures live in conftest.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+import boto3
 import cdk8s
 import yaml
 
@@ -91,6 +94,24 @@ def leaves(tree: Any, path: str = "") -> dict[str, Any]:
     if isinstance(tree, list) and tree and isinstance(tree[0], dict):
         return {k: v for i, sub in enumerate(tree) for k, v in leaves(sub, f"{path}/{i}").items()}
     return {path: tree}
+
+
+@contextlib.contextmanager
+def moto_s3(monkeypatch: Any, bucket: str) -> Iterator[Any]:
+    """moto's S3 with one bucket and dummy credentials; an S3 client of it. moto never evaluates
+    IAM: tests/iam_rung.py judges what a role may do."""
+    from moto import mock_aws
+
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        client = boto3.client("s3", region_name="us-east-1")
+        client.create_bucket(Bucket=bucket)
+        yield client
 
 
 def new_app(**kwargs: Any) -> cdk.App:

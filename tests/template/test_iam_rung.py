@@ -15,7 +15,7 @@ import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
 from iam_rung import Call, Recorder, allowed, denied, principal_policies, record
-from moto import mock_aws
+from support import moto_s3
 
 from eks_pd_serving.weights.handler import handler
 from eks_pd_serving.weights.job import stage
@@ -51,15 +51,7 @@ def _handler_role(t: dict[str, Any], description: str) -> str:
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "t",
-        "AWS_SECRET_ACCESS_KEY": "t",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET_NAME)
+    with moto_s3(monkeypatch, BUCKET_NAME) as client:
         yield client
 
 

@@ -14,7 +14,7 @@ import httpx2  # huggingface_hub 2's HTTP client: its errors carry httpx2 respon
 import pytest
 from botocore.stub import Stubber
 from huggingface_hub import errors
-from moto import mock_aws
+from support import moto_s3
 
 from eks_pd_serving.weights.handler import handler
 from eks_pd_serving.weights.job import stage
@@ -27,15 +27,7 @@ CANARY = "hf_CanaryTokenThatMustNeverBePrinted0123"
 
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "t",
-        "AWS_SECRET_ACCESS_KEY": "t",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        client = boto3.client("s3", region_name="us-east-1")
-        client.create_bucket(Bucket=BUCKET)
+    with moto_s3(monkeypatch, BUCKET) as client:
         yield client
 
 
