@@ -63,27 +63,25 @@ class Recorder:
     def _after(self, http_response: Any, parsed: dict[str, Any], model: Any, context: Any = None, **_: Any) -> None:
         service = model.service_model.signing_name
         params = (context or {}).get("eks_pd_params") or {}
-        self.calls.extend(self._authorizations(service, model.name, params, parsed))
+        self.calls.extend(authorizations(service, model.name, params, parsed))
 
-    def _authorizations(
-        self, service: str, operation: str, params: dict[str, Any], parsed: dict[str, Any]
-    ) -> list[Call]:
-        if service != "s3":
-            return [Call(f"{service}:{operation}", "*")]
-        bucket, key = params.get("Bucket", ""), params.get("Key")
-        if operation in _S3_OBJECT_ACTIONS and key is not None:
-            calls = [Call(_S3_OBJECT_ACTIONS[operation], f"arn:{PARTITION}:s3:::{bucket}/{key}")]
-            status = parsed.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            code = parsed.get("Error", {}).get("Code")
-            if operation in ("GetObject", "HeadObject") and (status == 404 or code in _MISSING_KEY_CODES):
-                # No s3:prefix in this request's context: a prefix-conditioned ListBucket does not count.
-                calls.append(
-                    Call("s3:ListBucket", f"arn:{PARTITION}:s3:::{bucket}", why=f"{key} is missing: 404 not 403")
-                )
-            return calls
-        if operation in ("ListObjectsV2", "ListObjects"):
-            return [Call("s3:ListBucket", f"arn:{PARTITION}:s3:::{bucket}", (("s3:prefix", params.get("Prefix", "")),))]
-        return [Call(f"s3:{operation}", f"arn:{PARTITION}:s3:::{bucket}")]
+
+def authorizations(service: str, operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> list[Call]:
+    """What AWS authorizes for one call: its operation, parameters and (for S3's missing-key rule) answer."""
+    if service != "s3":
+        return [Call(f"{service}:{operation}", "*")]
+    bucket, key = params.get("Bucket", ""), params.get("Key")
+    if operation in _S3_OBJECT_ACTIONS and key is not None:
+        calls = [Call(_S3_OBJECT_ACTIONS[operation], f"arn:{PARTITION}:s3:::{bucket}/{key}")]
+        status = parsed.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = parsed.get("Error", {}).get("Code")
+        if operation in ("GetObject", "HeadObject") and (status == 404 or code in _MISSING_KEY_CODES):
+            # No s3:prefix in this request's context: a prefix-conditioned ListBucket does not count.
+            calls.append(Call("s3:ListBucket", f"arn:{PARTITION}:s3:::{bucket}", why=f"{key} is missing: 404 not 403"))
+        return calls
+    if operation in ("ListObjectsV2", "ListObjects"):
+        return [Call("s3:ListBucket", f"arn:{PARTITION}:s3:::{bucket}", (("s3:prefix", params.get("Prefix", "")),))]
+    return [Call(f"s3:{operation}", f"arn:{PARTITION}:s3:::{bucket}")]
 
 
 def record(client: Any, recorder: Recorder) -> Any:

@@ -21,7 +21,7 @@ import yaml
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from eks_pd_serving.config import DeploymentConfig
-from eks_pd_serving.k8s import GcsFaultToleranceSpec, RayServiceChart
+from eks_pd_serving.k8s import GcsFaultToleranceSpec, RayNamespaceChart, RayServiceChart
 from eks_pd_serving.mapping import ray_service_props
 from stacks.pd_serving_stack import PdServingStack
 
@@ -64,6 +64,9 @@ P5_CLASS: dict[str, Any] = {
     "max_model_len": 32768,
     "prefill_tensor_parallel_size": 8,
     "decode_tensor_parallel_size": 8,
+    # Room for two 131 GiB checkpoints (a revision change) beside the image; a gated model's token.
+    "gpu_root_volume_gib": 350,
+    "hf_token_secret": "hf/token",
 }
 
 
@@ -201,13 +204,15 @@ API_KEYS_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:api-
 
 
 def render(**settings: Any) -> list[dict[str, Any]]:
-    """The RayService chart as the stack builds it, with stand-ins for what CloudFormation resolves."""
+    """The RayService's two charts (namespace and what the pods mount, then the RayService) as the
+    stack builds them, with stand-ins for what CloudFormation resolves."""
     config = DeploymentConfig.create(**settings)
     secret = API_KEYS_SECRET_ARN if config.api_keys_on else None
     gcs = GcsFaultToleranceSpec(GCS_STORE_ADDRESS, GCS_TOKEN_ARN) if config.gcs_fault_tolerance else None
     props = ray_service_props(config, RAY_IMAGE, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs)
-    chart = RayServiceChart(cdk8s.App(), "RayService", props=props)
-    return list(cdk8s.Testing.synth(chart))
+    app = cdk8s.App()
+    charts = (RayNamespaceChart(app, "RayNamespace", props=props), RayServiceChart(app, "RayService", props=props))
+    return [document for chart in charts for document in cdk8s.Testing.synth(chart)]
 
 
 def ray_service(**settings: Any) -> dict[str, Any]:

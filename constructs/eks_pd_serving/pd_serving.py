@@ -146,8 +146,7 @@ class PdServing(Construct):
                 self.eks.system_nodes,
                 *gpu_nodegroups,
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
-                # The engines start once the weights are staged; the pods get AWS credentials only if
-                # their Pod Identity associations exist when they start.
+                # The engines start once the weights are staged, with their identities in place.
                 *([weights.resource] if weights else []),
                 *access,
             ],
@@ -188,16 +187,21 @@ class PdServing(Construct):
             **mapping.gcs_store_props(config),
         )
 
-    def _grant_ray_pods(self, config: DeploymentConfig) -> list[eks.CfnPodIdentityAssociation]:
+    def _grant_ray_pods(self, config: DeploymentConfig) -> list[Construct]:
         """EKS Pod Identity for the Ray pods' service accounts: the workers read the staged prefix
-        and the key secret; the head the key secret and the GCS store's token. The associations,
-        for the RayService to wait on."""
+        and the key secret; the head the key secret and the GCS store's token. Each identity's scope
+        (role, policy, association) for the RayService to wait on: its pods get credentials only if
+        the association exists when they start, and their calls are allowed only once the policy is
+        attached; on destroy KubeRay's GCS cleanup Job still reads the token as the head."""
         self.worker_access: eks.CfnPodIdentityAssociation | None = None
         self.head_access: eks.CfnPodIdentityAssociation | None = None
         workers, head = mapping.worker_service_account(config), mapping.head_service_account(config)
+        scopes: list[Construct] = []
         if self.weights or self.api_keys:
+            worker_scope = Construct(self, "WorkerIdentity")
+            scopes.append(worker_scope)
             role, self.worker_access = pod_identity_role(
-                Construct(self, "WorkerIdentity"),
+                worker_scope,
                 cluster=self.eks.cluster,
                 namespace=config.namespace,
                 service_account=workers,
@@ -205,12 +209,14 @@ class PdServing(Construct):
             )
             if self.weights:
                 self.weights.grant_read(role)
-                nag.acknowledge(role, nag.model_readers(self.weights.bucket, self.weights.prefix))
+                nag.acknowledge(role, nag.model_readers(self.weights.bucket))
             if self.api_keys:
                 self.api_keys.grant_read(role)
         if self.api_keys or self.gcs_store:
+            head_scope = Construct(self, "HeadIdentity")
+            scopes.append(head_scope)
             role, self.head_access = pod_identity_role(
-                Construct(self, "HeadIdentity"),
+                head_scope,
                 cluster=self.eks.cluster,
                 namespace=config.namespace,
                 service_account=head,
@@ -220,7 +226,7 @@ class PdServing(Construct):
                 self.api_keys.grant_read(role)
             if self.gcs_store:
                 self.gcs_store.grant_token_read(role)
-        return [access for access in (self.worker_access, self.head_access) if access]
+        return scopes
 
     def _observe(self, config: DeploymentConfig) -> None:
         """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before

@@ -300,3 +300,35 @@ def size(
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return sized(low, low)
+
+
+# --- disk: what a GPU node's root volume holds --------------------------------------------------
+
+# The serving image on a node: containerd keeps the pulled (compressed) layers beside the
+# unpacked snapshot. An estimate from comparable vLLM CUDA images (25-29 GB unpacked, about half
+# that compressed), not a measurement of ours: no node here pulls the image.
+IMAGE_DISK_GIB = 40
+# The node's other images (VPC CNI, device plugins, CloudWatch agents) and Ray's logs under
+# /tmp/ray in the container: an allowance, not a measurement.
+NODE_OTHER_GIB = 10
+# kubelet's default hard eviction threshold: nodefs.available < 10%.
+EVICTION_FREE_FRACTION = 0.10
+# The checkpoints in the catalogue are stored in bf16 (2 bytes a weight) unless FP8.
+CHECKPOINT_DTYPE_BYTES = 2
+
+
+def checkpoint_bytes(model: ModelFacts) -> int:
+    """The checkpoint's files as the mirror writes them under the container's model cache: every
+    weight, the vision tower included (it is in the checkpoint whether or not it is loaded)."""
+    params = model.params + model.vision_params
+    if model.checkpoint_quantization == "fp8":
+        return int(model.linear_params + (params - model.linear_params) * CHECKPOINT_DTYPE_BYTES)
+    return int(params * CHECKPOINT_DTYPE_BYTES)
+
+
+def root_volume_needed_gib(model: ModelFacts, copies: int = 1) -> int:
+    """Root volume (GiB) for the image and ``copies`` checkpoints with kubelet's eviction margin
+    still free. Two copies: a ``model_revision`` change restarts the engines in their pods, which
+    download the new revision beside the old one."""
+    used = IMAGE_DISK_GIB + NODE_OTHER_GIB + copies * checkpoint_bytes(model) / GIB
+    return math.ceil(used / (1 - EVICTION_FREE_FRACTION))

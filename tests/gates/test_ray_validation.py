@@ -205,7 +205,7 @@ def test_rays_proxy_hook_loads_the_api_key_check_from_the_pods_config_map(tmp_pa
         env = {e["name"]: e.get("value", "") for e in container["env"]}
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys-code"]
         assert env["PYTHONPATH"] == mount["mountPath"] and mount["readOnly"] is True
-        # On this machine the mount is tmp_path (the secret is unreachable: no boto3 in .venv-ray).
+        # On this machine the mount is tmp_path (the secret is unreachable: no AWS credentials here).
         # A request without a key is refused before the router; health reaches it.
         env["PYTHONPATH"] = str(tmp_path)
         result = _run_hook(env)

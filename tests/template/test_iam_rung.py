@@ -5,6 +5,10 @@ with S3's rule for missing keys (403, not 404, without s3:ListBucket) that moto 
 from __future__ import annotations
 
 import copy
+import gzip
+import json
+import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,13 +18,17 @@ import boto3
 import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
-from iam_rung import Call, Recorder, allowed, denied, principal_policies, record
-from support import moto_s3
+from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record
+from support import FIXTURES, ROOT, moto_s3
 
 from eks_pd_serving.weights.handler import handler
 from eks_pd_serving.weights.job import stage
 
 BUCKET_NAME = "weights-test"
+RAY_PYTHON = Path(os.environ.get("EKS_PD_RAY_PYTHON", ROOT / ".venv-ray" / "bin" / "python"))
+MIRROR_TOOL = ROOT / "tools" / "ray_s3_mirror_calls.py"
+# What the staging job leaves under a revision's prefix (stage.py: the files, the hash, the marker).
+STAGED_FILES = ("config.json", "model.safetensors", "hash", ".staged")
 
 
 @pytest.fixture(scope="module")
@@ -155,3 +163,75 @@ def test_on_events_delete_may_stop_the_build(synthesized: dict[str, Any]) -> Non
         for op in ("StartBuild", "ListBuildsForProject", "BatchGetBuilds", "StopBuild")
     ]
     assert denied(policies, calls) == []
+
+
+# --- the Ray workers: Ray 2.58's own S3 mirror, run in .venv-ray -----------------------------------
+
+
+def needs_ray(test: Any) -> Any:
+    skip = pytest.mark.skipif(not RAY_PYTHON.exists(), reason=f"{RAY_PYTHON} missing: `make rayenv` creates it")
+    return pytest.mark.ray(skip(test))
+
+
+def _mirror_calls(prefix: str) -> list[Call]:
+    """The calls Ray's CloudFileSystem.download_model makes for a staged prefix (an engine start)."""
+    out = subprocess.run(
+        [str(RAY_PYTHON), str(MIRROR_TOOL), BUCKET_NAME, prefix, *STAGED_FILES],
+        capture_output=True, text=True, timeout=300, check=True,
+    )  # fmt: skip
+    calls = []
+    for line in out.stdout.splitlines():
+        call = json.loads(line)
+        answer = {"ResponseMetadata": {"HTTPStatusCode": call["status"]}, "Error": {"Code": call["error"]}}
+        calls += authorizations("s3", call["operation"], call["params"], answer)
+    return calls
+
+
+def _workers_role(t: dict[str, Any]) -> str:
+    (association,) = [
+        r["Properties"] for r in t["Resources"].values()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation" and r["Properties"]["ServiceAccount"] == "ray-llm-workers"
+    ]  # fmt: skip
+    return str(association["RoleArn"]["Fn::GetAtt"][0])
+
+
+def _other_revision(prefix: str) -> str:
+    """The prefix of the revision a running serve config still names after a model_revision change."""
+    return prefix.rsplit("/", 1)[0] + "/" + "0123456789abcdef" * 2 + "01234567"
+
+
+@needs_ray
+def test_rays_mirror_lists_the_prefix_and_reads_every_staged_file(synthesized: dict[str, Any]) -> None:
+    prefix = _weights(synthesized)["Prefix"]
+    calls = _mirror_calls(prefix)
+    assert Call("s3:ListBucket", f"arn:aws:s3:::{BUCKET_NAME}", (("s3:prefix", f"{prefix}/"),)) in calls
+    assert {c.resource.rsplit("/", 1)[1] for c in calls if c.action == "s3:GetObject"} == set(STAGED_FILES)
+
+
+@needs_ray
+def test_the_workers_role_allows_an_engine_start_on_the_staged_revision_and_on_the_one_before(
+    synthesized: dict[str, Any],
+) -> None:
+    """G4: the serve config keeps the old prefix until the new revision is staged; every engine
+    start in between reads it."""
+    prefix = _weights(synthesized)["Prefix"]
+    policies = principal_policies(synthesized, _workers_role(synthesized), _names(synthesized))
+    assert denied(policies, _mirror_calls(prefix)) == []
+    assert denied(policies, _mirror_calls(_other_revision(prefix))) == []
+
+
+@needs_ray
+def test_the_rung_fails_on_the_revision_narrowed_grant() -> None:
+    """G4's template (1952631): the workers could read only the newest revision's prefix."""
+    before = json.loads(
+        gzip.decompress((FIXTURES / "lifecycle" / "before-runtime-fixes" / "default.template.json.gz").read_bytes())
+    )
+    prefix = _weights(before)["Prefix"]
+    policies = principal_policies(before, _workers_role(before), _names(before))
+    assert denied(policies, _mirror_calls(prefix)) == []
+    old = _other_revision(prefix)
+    missing = denied(policies, _mirror_calls(old))
+    assert f"s3:ListBucket on arn:aws:s3:::{BUCKET_NAME}" in missing
+    assert sorted(m for m in missing if m.startswith("s3:GetObject")) == [
+        f"s3:GetObject on arn:aws:s3:::{BUCKET_NAME}/{old}/{name}" for name in sorted(STAGED_FILES)
+    ]

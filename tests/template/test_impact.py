@@ -24,6 +24,7 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "autoscaling": {"autoscaling": True},
     "wider": {"autoscaling": True, "gpu_max_node_count": 5},
     "gcs_ft_off": {"gcs_fault_tolerance": False},
+    "api_keys": {"api_keys": True},
 }
 
 
@@ -79,13 +80,24 @@ def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesize
     for o in result.objects:
         objects[o.object] = f"{objects.get(o.object, '')} {o.effect}"
     assert "no pod restarts" in objects.pop("NetworkPolicy/inference/ray-serve-from-clients")
-    # API keys come on with the NLB: their code in a ConfigMap, and a pod change the running
-    # cluster does not take under upgradeStrategy None, which the impact says.
-    assert objects.pop("ConfigMap/inference/ray-llm-api-keys-code").strip() == "created by kubectl apply"
+    # API keys come on with the NLB: a pod change the running cluster does not take under
+    # upgradeStrategy None, which the impact says. Their code's ConfigMap is applied either way.
+    assert "ConfigMap/inference/ray-llm-api-keys-code" not in objects
     service = objects.pop("RayService/inference/ray-llm")
     assert "not applied until the cluster is recreated" in service
     assert "API key check turns on only in a RayCluster built from the new spec" in service
     assert objects == {}
+
+
+def test_api_keys_off_says_what_a_restarting_pod_meets_and_keeps_the_code(synthesized: dict[str, Path]) -> None:
+    """G3: the running cluster keeps mounting the check's code (applied either way); its key secret
+    goes, so the line says a restarting Ray pod answers 503 until the cluster is rebuilt."""
+    result = impact(synthesized, "api_keys", "base")
+    assert not [o for o in result.objects if o.object.startswith("ConfigMap/")]
+    (keys,) = [o.effect for o in result.objects if "API key check turns off" in o.effect]
+    assert "a Ray pod that restarts meanwhile answers 503" in keys and "recreate the RayCluster" in keys
+    (secret,) = [c for c in by_type(result, "AWS::SecretsManager::Secret") if c.action == "delete"]
+    assert "unreadable at once" in secret.effect and "serving unaffected" not in secret.effect
 
 
 def test_internal_exposure_off_deletes_the_service_before_the_controller(synthesized: dict[str, Path]) -> None:

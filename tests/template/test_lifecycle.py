@@ -1,11 +1,13 @@
 """The lifecycle rules over every variant of the template, each shown failing on the template as
 it was before its fix (tests/fixtures/lifecycle/before-fixes/, synthesized from commit f41ff6f
-with the same settings), and the model itself on small hand-written templates."""
+with the same settings; before-runtime-fixes/ from 1952631), and the model itself on small
+hand-written templates."""
 
 from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +19,7 @@ from eks_pd_serving.lifecycle.graph import StackModel
 from eks_pd_serving.lifecycle.needs import allocatable_cpu_m, named_log_groups
 
 BEFORE = FIXTURES / "lifecycle" / "before-fixes"
+BEFORE_RUNTIME = FIXTURES / "lifecycle" / "before-runtime-fixes"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "internal": {"endpoint_exposure": "internal"},
@@ -25,6 +28,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "observability_off": {"observability": False},
     "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
     "gcs_ft_off": {"gcs_fault_tolerance": False},
+    "api_keys": {"api_keys": True},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
             "alarm_email": "ops@example.com"},
 }  # fmt: skip
@@ -39,8 +43,8 @@ def variants(tmp_path_factory: pytest.TempPathFactory) -> dict[str, StackModel]:
     return found
 
 
-def before(name: str) -> StackModel:
-    return StackModel(json.loads(gzip.decompress((BEFORE / f"{name}.template.json.gz").read_bytes())))
+def before(name: str, folder: Path = BEFORE) -> StackModel:
+    return StackModel(json.loads(gzip.decompress((folder / f"{name}.template.json.gz").read_bytes())))
 
 
 def _ids(model: StackModel, type_: str, **properties: Any) -> list[str]:
@@ -58,18 +62,22 @@ def test_every_lifecycle_rule_holds_on_every_variant(variants: dict[str, StackMo
 
 
 @pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"default"}))
-def test_no_object_kubectl_cannot_prune_leaves_a_manifest_when_a_setting_flips(
-    variants: dict[str, StackModel], variant: str
+def test_every_update_rule_holds_when_a_setting_flips_either_way(variants: dict[str, StackModel], variant: str) -> None:
+    pairs = ((variants["default"], variants[variant]), (variants[variant], variants["default"]))
+    found = [f for rule in rules.UPDATE_RULES.values() for old, new in pairs for f in rule(old, new)]
+    assert [str(f) for f in found] == []
+
+
+def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_prune(
+    variants: dict[str, StackModel],
 ) -> None:
-    forth = rules.pruned_objects_leave(variants["default"], variants[variant])
-    back = rules.pruned_objects_leave(variants[variant], variants["default"])
-    assert [str(f) for f in forth + back] == []
+    assert rules.moved_objects_applied_before_prune(before("default", BEFORE_RUNTIME), variants["default"]) == []
 
 
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 12
+    assert len(rules.TEMPLATE_RULES) == 12 and len(rules.UPDATE_RULES) == 3
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -96,7 +104,7 @@ def test_now_the_api_rule_goes_after_every_kubectl_resource(variants: dict[str, 
     model = variants["all"]
     (ingress,) = _ids(model, "AWS::EC2::SecurityGroupIngress", FromPort=443)
     kubectl = _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") + _ids(model, "Custom::AWSCDK-EKS-HelmChart")
-    assert len(kubectl) == 9 and all(model.deleted_before(r, ingress) for r in kubectl)
+    assert len(kubectl) == 10 and all(model.deleted_before(r, ingress) for r in kubectl)
     assert ingress not in model.delete_waves()[0]
 
 
@@ -200,6 +208,69 @@ def test_the_preflight_rule_fails_when_preflight_misses_a_named_group(variants: 
     assert sorted(f.missing.split()[-1].rsplit("/", 1)[-1] for f in found) == [
         "application", "dataplane", "host", "performance", "prometheus"
     ]  # fmt: skip
+
+
+def test_turning_keys_off_pruned_the_code_the_running_cluster_mounts() -> None:
+    """G3: the key check's ConfigMap was applied only with keys on; the RayCluster built with keys
+    (not rebuilt under upgradeStrategy None) mounts it, so its next pod would never start."""
+    (finding,) = rules.old_pods_keep_what_they_mount(
+        before("api_keys", BEFORE_RUNTIME), before("default", BEFORE_RUNTIME)
+    )
+    assert finding.missing == (
+        "ConfigMap/inference/ray-llm-api-keys-code leaves the cluster while the running RayService/inference/ray-llm's "
+        "pods mount it"
+    )
+
+
+def test_the_namespace_and_the_head_policy_went_with_or_before_the_ray_service() -> None:
+    """G5: one `kubectl delete` took the namespace, the head's service account and the RayService,
+    and the head role's policy went in the first wave: KubeRay's cleanup Job could not run."""
+    model = before("default", BEFORE_RUNTIME)
+    (policy,) = [r.id for r in model.of_type("AWS::IAM::Policy") if r.id.startswith("PdServingHeadIdentity")]
+    found = _found(model, "ray_clusters_outlive_no_gcs_store")
+    assert sorted(f.missing.split(" (")[0] for f in found) == [
+        "Namespace/-/inference is deleted with the RayService",
+        "ServiceAccount/inference/ray-llm-head is deleted with the RayService",
+        f"no dependency on {policy}",
+    ]
+    assert policy in model.delete_waves()[0]
+
+
+def test_now_the_namespace_goes_after_the_ray_service_and_its_head_policy_after_both(
+    variants: dict[str, StackModel],
+) -> None:
+    model = variants["default"]
+    manifests = _ids(model, "Custom::AWSCDK-EKS-KubernetesResource")
+    (service,) = [m for m in manifests if m.startswith("PdServingClusterRayServiceChart")]
+    (namespace,) = [m for m in manifests if m.startswith("PdServingClusterRayServiceNamespaceChart")]
+    (policy,) = [r.id for r in model.of_type("AWS::IAM::Policy") if r.id.startswith("PdServingHeadIdentity")]
+    assert model.deleted_before(service, namespace) and model.deleted_before(service, policy)
+    assert model.resources[namespace].properties["Overwrite"] is True
+
+
+@pytest.mark.parametrize("break_", ["edge", "overwrite"])
+def test_the_move_rule_fails_when_the_new_manifest_is_not_applied_first(
+    variants: dict[str, StackModel], break_: str
+) -> None:
+    broken = json.loads(json.dumps(variants["default"].template))
+    (service,) = [k for k in broken["Resources"] if k.startswith("PdServingClusterRayServiceChart")]
+    (namespace,) = [k for k in broken["Resources"] if k.startswith("PdServingClusterRayServiceNamespaceChart")]
+    if break_ == "edge":
+        broken["Resources"][service]["DependsOn"].remove(namespace)
+    else:
+        del broken["Resources"][namespace]["Properties"]["Overwrite"]
+    found = rules.moved_objects_applied_before_prune(before("default", BEFORE_RUNTIME), StackModel(broken))
+    # What the RayService's manifest applied before (keys off: no ConfigMap yet, which is created).
+    moved = [
+        "Namespace/-/inference",
+        "ServiceAccount/inference/ray-llm-head",
+        "ServiceAccount/inference/ray-llm-workers",
+    ]
+    if break_ == "edge":
+        # Only the Namespace is a kind kubectl's prune deletes (ServiceAccounts it never does).
+        assert [f.missing.split(" moves")[0].rsplit("(", 1)[1] for f in found] == ["Namespace/-/inference"]
+    else:
+        assert sorted(f.missing.split(", which")[0].removeprefix("creates ") for f in found) == moved
 
 
 def test_the_serve_port_admitted_the_whole_vpc_and_not_the_nlb_subnets() -> None:
@@ -308,7 +379,7 @@ def test_the_gcs_store_rule_fails_when_the_ray_service_no_longer_waits_for_the_s
     model = variants["default"]
     (store,) = _ids(model, "AWS::ElastiCache::ReplicationGroup")
     (association,) = _ids(model, "AWS::EKS::PodIdentityAssociation", ServiceAccount="ray-llm-head")
-    (service,) = [r for r in _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") if "RayService" in r]
+    (service,) = [r for r in _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") if "RayServiceChart" in r]
     # The manifest names the store's endpoint (a reference) and lists the association: drop both.
     broken = json.loads(json.dumps(model.template))
     body = broken["Resources"][service]

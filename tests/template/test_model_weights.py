@@ -72,7 +72,7 @@ def test_both_engines_load_the_staged_revision_through_rays_s3_mirror(default: d
     assert all("load_format" not in args[side]["engine_kwargs"] for side in sources)  # vLLM's default loader
 
 
-def test_the_workers_read_the_staged_prefix_only_through_pod_identity(default: dict[str, Any]) -> None:
+def test_the_workers_read_the_staged_revisions_only_through_pod_identity(default: dict[str, Any]) -> None:
     service = _ray_service(default)
     for group in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
         spec = group["template"]["spec"]
@@ -90,8 +90,10 @@ def test_the_workers_read_the_staged_prefix_only_through_pod_identity(default: d
                  if {"Ref": role_id} in p["Properties"]["Roles"]]  # fmt: skip
     statements = {json.dumps(s["Action"]): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     assert set(statements) == {'"s3:GetObject"', '"s3:ListBucket"', '"kms:Decrypt"'}
-    assert json.dumps(statements['"s3:GetObject"']["Resource"]).endswith(f'"/{PREFIX}/*"]]}}')
-    assert statements['"s3:ListBucket"']["Condition"] == {"StringLike": {"s3:prefix": [f"{PREFIX}/*", PREFIX]}}
+    # Every revision under models/, not the current one alone (G4: the old one serves until the new
+    # one is staged; tests/template/test_iam_rung.py runs Ray's mirror against both).
+    assert json.dumps(statements['"s3:GetObject"']["Resource"]).endswith('"/models/*"]]}')
+    assert statements['"s3:ListBucket"']["Condition"] == {"StringLike": {"s3:prefix": ["models/*", "models"]}}
 
 
 def test_the_ray_service_waits_for_the_staging_and_the_association(default: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ def default_service() -> dict[str, Any]:
 
 
 def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
-    namespace, workers, head, service = render()
+    namespace, workers, head, _code, service = render()
     # The pods' service accounts exist in every configuration: a flipped setting never drops one
     # from the manifest (kubectl's prune would leave it in the cluster).
     assert [(a["kind"], a["metadata"]["name"]) for a in (workers, head)] == [

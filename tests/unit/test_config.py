@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import DENSE
+from support import DENSE, P5_CLASS
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 
@@ -221,7 +221,7 @@ def test_dense_and_moe_models_may_differ_in_tensor_parallel_size(model: str, pre
     config = DeploymentConfig.create(
         gpu_layout="per_phase", prefill_gpu_instance_type="p5.48xlarge", decode_gpu_instance_type="p5.48xlarge",
         model_source=model, max_model_len=32768, prefill_tensor_parallel_size=prefill_tp,
-        decode_tensor_parallel_size=decode_tp,
+        decode_tensor_parallel_size=decode_tp, gpu_root_volume_gib=350, hf_token_secret="hf/token",
     )  # fmt: skip
     assert (config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size) == (prefill_tp, decode_tp)
 
@@ -252,3 +252,48 @@ def test_multimodal_pd_is_warned_about_as_unverified_upstream() -> None:
     assert not [w for w in DeploymentConfig.create().warnings() if w.startswith("multimodal=true")]
     warned = [w for w in DeploymentConfig.create(multimodal=True).warnings() if w.startswith("multimodal=true")]
     assert len(warned) == 1 and "not yet verified upstream" in warned[0]
+
+
+# --- the GPU nodes' disk and gated models (G7) ----------------------------------------------------
+
+LLAMA_70B = {**P5_CLASS, "gpu_root_volume_gib": 200}
+
+
+def test_the_root_volume_needed_is_the_image_the_checkpoint_and_kubelets_margin_by_hand() -> None:
+    from eks_pd_serving import sizing
+    from eks_pd_serving.catalog import MODELS
+
+    llama = MODELS["meta-llama/Llama-3.1-70B-Instruct"]
+    # 70.55e9 bf16 weights: 141.1 GB, 131.4 GiB; (40 + 10 + 131.4) / 0.9 = 201.6.
+    assert sizing.checkpoint_bytes(llama) == int(llama.params * 2)
+    assert (sizing.root_volume_needed_gib(llama), sizing.root_volume_needed_gib(llama, copies=2)) == (202, 348)
+    # The FP8 checkpoint stores its Linear and expert weights in one byte each.
+    fp8, bf16 = MODELS["Qwen/Qwen3-30B-A3B-FP8"], MODELS["Qwen/Qwen3-30B-A3B"]
+    assert sizing.checkpoint_bytes(fp8) < 0.55 * sizing.checkpoint_bytes(bf16)
+
+
+def test_a_root_volume_the_checkpoint_does_not_fit_is_refused_with_the_size_that_does() -> None:
+    line = r"^gpu_root_volume_gib=200 cannot hold meta-llama/Llama-3.1-70B-Instruct's checkpoint \(131 GiB"
+    with pytest.raises(ConfigError, match=line + r".*Fix: set gpu_root_volume_gib to at least 202 \(348 also"):
+        DeploymentConfig.create(**LLAMA_70B)
+    # The default model fits the default volume twice over, so nothing is said.
+    assert not [w for w in DeploymentConfig.create().warnings() if "gpu_root_volume_gib" in w]
+
+
+def test_a_root_volume_with_room_for_one_checkpoint_warns_about_a_revision_change() -> None:
+    (warning,) = [w for w in DeploymentConfig.create(**{**LLAMA_70B, "gpu_root_volume_gib": 202}).warnings()
+                  if "gpu_root_volume_gib" in w]  # fmt: skip
+    assert "download the new revision beside the old one" in warning and "gpu_root_volume_gib=348" in warning
+    assert not [w for w in DeploymentConfig.create(**P5_CLASS).warnings() if "gpu_root_volume_gib" in w]
+
+
+@pytest.mark.parametrize(
+    ("settings", "fix"),
+    [({}, "Fix: set hf_token_secret"), ({"weights_source": "huggingface"}, "Fix: set weights_source=s3 and hf_token")],
+)
+def test_a_gated_model_without_a_token_is_refused(settings: dict[str, str], fix: str) -> None:
+    without = {k: v for k, v in P5_CLASS.items() if k != "hf_token_secret"}
+    with pytest.raises(ConfigError, match=rf"model_source='meta-llama/Llama-3.1-70B-Instruct' is gated.*{fix}"):
+        DeploymentConfig.create(**without, **settings)
+    with pytest.raises(ConfigError, match="is gated"):
+        DeploymentConfig.create(**P5_CLASS, weights_source="huggingface")

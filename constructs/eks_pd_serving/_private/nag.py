@@ -225,11 +225,12 @@ def weights_is_complete(bucket: IConstruct) -> dict[str, str]:
     }
 
 
-def model_readers(bucket: IConstruct, prefix: str) -> dict[str, str]:
+def model_readers(bucket: IConstruct) -> dict[str, str]:
     (bucket_id,) = _stack_ids(bucket)
     return {
-        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/{prefix}/*]": (
-            "The Ray workers read the files of the one staged revision they serve; nothing else in the bucket."
+        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/models/*]": (
+            "The Ray workers read the revisions this stack staged (the old one still serves until the new "
+            "one is staged); the bucket holds nothing else."
         ),
     }
 

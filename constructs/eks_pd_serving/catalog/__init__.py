@@ -12,7 +12,7 @@ from .instances import (
     efa_plugin_instance_types,
     mismatches,
 )
-from .models import CATALOG, CONFIGS, DENSE, HYBRID, MODELS, MOE, CatalogEntry, ModelFacts, facts_from_config
+from .models import CATALOG, CONFIGS, DENSE, GATED, HYBRID, MODELS, MOE, CatalogEntry, ModelFacts, facts_from_config
 
 # CloudWatch Logs accepts only these retention periods, days (PutRetentionPolicy).
 LOG_RETENTION_DAYS = (1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557, 2922,
@@ -22,6 +22,7 @@ __all__ = [
     "CATALOG",
     "CONFIGS",
     "DENSE",
+    "GATED",
     "GPUS",
     "GPU_MEMORY_BANDWIDTH_GBPS",
     "HYBRID",

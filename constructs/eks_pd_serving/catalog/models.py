@@ -175,16 +175,21 @@ class CatalogEntry:
     source: str  # where the copy was read
     # vLLM 0.26's measured eager activation peak at 2,048 batched tokens (GiB), where measured.
     activation_peak_gib: float = 1.0
+    # The Hub serves the files only to an account that accepted the model's license (a token).
+    gated: bool = False
 
 
 CATALOG: Final[dict[str, CatalogEntry]] = {
     # Meta's base config; the Instruct model's differs only in eos_token_id (a list) and
     # transformers_version (the Instruct file, seen in a second copy).
+    # Both gated: Meta's Llama 3.1 community license must be accepted on the Hub first.
     "meta-llama/Llama-3.1-8B-Instruct": CatalogEntry(
-        "meta-llama--Meta-Llama-3.1-8B.json", _AICONFIGURATOR + "meta-llama--Meta-Llama-3.1-8B_config.json"
+        "meta-llama--Meta-Llama-3.1-8B.json", _AICONFIGURATOR + "meta-llama--Meta-Llama-3.1-8B_config.json", gated=True
     ),
     "meta-llama/Llama-3.1-70B-Instruct": CatalogEntry(
-        "meta-llama--Meta-Llama-3.1-70B.json", _AICONFIGURATOR + "meta-llama--Meta-Llama-3.1-70B_config.json"
+        "meta-llama--Meta-Llama-3.1-70B.json",
+        _AICONFIGURATOR + "meta-llama--Meta-Llama-3.1-70B_config.json",
+        gated=True,
     ),
     "Qwen/Qwen3-8B": CatalogEntry("Qwen--Qwen3-8B.json", _AICONFIGURATOR + "Qwen--Qwen3-8B_config.json"),
     "Qwen/Qwen3-32B": CatalogEntry("Qwen--Qwen3-32B.json", _AICONFIGURATOR + "Qwen--Qwen3-32B_config.json"),
@@ -193,6 +198,9 @@ CATALOG: Final[dict[str, CatalogEntry]] = {
         "Qwen--Qwen3-30B-A3B-FP8.json", _AICONFIGURATOR + "Qwen--Qwen3-30B-A3B-FP8_config.json"
     ),
 }
+
+
+GATED: Final[frozenset[str]] = frozenset(source for source, entry in CATALOG.items() if entry.gated)
 
 
 def _from_catalog(entry: CatalogEntry) -> ModelFacts:

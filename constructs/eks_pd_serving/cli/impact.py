@@ -17,7 +17,7 @@ from pathlib import Path
 from ..assembly import templates
 from ..lifecycle.changes import Impact, compare
 from ..lifecycle.graph import StackModel
-from ..lifecycle.rules import Finding, check, pruned_objects_leave
+from ..lifecycle.rules import UPDATE_RULES, Finding, check
 from ._common import console, table
 
 _VERBS = {"add": "add", "modify": "modify in place", "replace": "REPLACE", "delete": "delete"}
@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         before, after = StackModel(old[stack]), StackModel(new[stack])
         impact = compare(before, after)
-        findings = check(after) + pruned_objects_leave(before, after)
+        findings = check(after) + [f for rule in UPDATE_RULES.values() for f in rule(before, after)]
         if impact.empty:
             console.print(f"{stack}: no change", markup=False)
             continue

@@ -20,7 +20,7 @@ from pydantic import ValidationError, model_validator
 from .. import layout, versions
 from ..catalog import ModelFacts
 from ..layout import GpuGroup
-from ..sizing import Sizing
+from ..sizing import Sizing, root_volume_needed_gib
 from . import derived, rules
 from .errors import ConfigError
 from .fields import FieldRules
@@ -107,6 +107,14 @@ class DeploymentConfig(Settings, FieldRules):
             found.append(
                 "multimodal=true: vLLM 0.26's NIXL compatibility matrix lists multimodal models under PD as "
                 "not yet verified upstream. Rehearse it (make rehearse-gpu) before serving."
+            )
+        facts = self.model_facts
+        if facts is not None and self.gpu_root_volume_gib < (room := root_volume_needed_gib(facts, copies=2)):
+            found.append(
+                f"gpu_root_volume_gib={self.gpu_root_volume_gib} holds one checkpoint of {self.model_source}, not "
+                "two: a model_revision change restarts the engines in their pods, which download the new revision "
+                f"beside the old one, and kubelet evicts them (they then start afresh). Set gpu_root_volume_gib={room} "
+                "to avoid it."
             )
         if self.kv_backend == "UCX":
             found.append(

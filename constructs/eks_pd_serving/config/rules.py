@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import versions
-from ..catalog import INSTANCE_TYPES, MODELS
+from ..catalog import GATED, INSTANCE_TYPES, MODELS
 from ..layout import PHASES, RAY_HEAD_CPU_M
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
+from ..sizing import GIB, IMAGE_DISK_GIB, checkpoint_bytes, root_volume_needed_gib
 from . import derived
 from .fields import az_region
 from .phases import phase_settings
@@ -300,6 +301,39 @@ def _check_model(config: Settings) -> None:
             )
 
 
+def _check_root_volume(config: Settings) -> None:
+    """The mirror writes the checkpoint under the container's model cache, on the GPU node's root
+    volume beside the image; kubelet evicts the pod once less than 10% is free."""
+    facts = derived.model_facts(config)
+    if facts is None:
+        return
+    need = root_volume_needed_gib(facts)
+    if config.gpu_root_volume_gib < need:
+        raise ValueError(
+            f"gpu_root_volume_gib={config.gpu_root_volume_gib} cannot hold {config.model_source}'s checkpoint "
+            f"({checkpoint_bytes(facts) / GIB:.0f} GiB, written under the container's model cache), the image "
+            f"(about {IMAGE_DISK_GIB} GiB) and kubelet's 10% eviction margin: the worker pods are evicted as "
+            f"the model downloads. Fix: set gpu_root_volume_gib to at least {need} "
+            f"({root_volume_needed_gib(facts, copies=2)} also holds a model_revision change)"
+        )
+
+
+def _check_gated_model(config: Settings) -> None:
+    """A gated model's files need a Hub token, which only the staging job can be given."""
+    if config.model_source not in GATED or (config.weights_source == "s3" and config.hf_token_secret):
+        return
+    fix = (
+        "set hf_token_secret to a Secrets Manager secret holding a token of an account that accepted the license"
+        if config.weights_source == "s3"
+        else "set weights_source=s3 and hf_token_secret (the engines cannot be given a token)"
+    )
+    raise ValueError(
+        f"model_source={config.model_source!r} is gated on the Hugging Face Hub and hf_token_secret is not set "
+        f"(weights_source={config.weights_source}): the download is refused (401) and the deploy rolls back. "
+        f"Fix: {fix}"
+    )
+
+
 def _check_pd_compatibility(config: Settings) -> None:
     """vLLM 0.26's NIXL compatibility matrix (docs/features/nixl_connector_compatibility.md) and the
     connector's handshake checks (distributed/kv_transfer/kv_connector/v1/nixl/base_worker.py,
@@ -337,6 +371,8 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_upgrade_strategy,
     _check_gpus,
     _check_model,
+    _check_root_volume,
+    _check_gated_model,
     _check_pd_compatibility,
 )
 

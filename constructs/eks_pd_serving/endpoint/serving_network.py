@@ -3,12 +3,11 @@ to all but the Ray cluster and the KubeRay operator."""
 
 from __future__ import annotations
 
-from typing import cast
-
 import cdk8s
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from .._private.manifests import adopting_manifest
 from ..k8s import MetricsAccessChart, ServingNetworkChart, ServingNetworkProps
 from ..ray_service import RayServiceManifest
 
@@ -39,13 +38,7 @@ class ServingNetwork(Construct):
         self.metrics_manifest: eks.KubernetesManifest | None = None
         if props.metrics_scraper_namespace:
             self.metrics_chart = MetricsAccessChart(cdk8s.App(), "MetricsAccess", props=props)
-            # overwrite: apply on create, so an update from a version that had this policy in the
-            # manifest above finds it in place (`kubectl create` would fail on it).
-            self.metrics_manifest = eks.KubernetesManifest(
-                cluster,
-                f"{id}MetricsChart",
-                cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
-                manifest=self.metrics_chart.to_json(),
-                overwrite=True,
-            )
+            # Once part of the manifest above: an update finds it in place (kubectl's prune never
+            # deletes a NetworkPolicy, so the two need no order).
+            self.metrics_manifest = adopting_manifest(cluster, f"{id}MetricsChart", self.metrics_chart)
             self.metrics_manifest.node.add_dependency(ray_service.manifest)

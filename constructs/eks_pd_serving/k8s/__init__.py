@@ -7,7 +7,7 @@ from .network import (
     ServingNetworkChart,
     ServingNetworkProps,
 )
-from .ray_service import RayServiceChart
+from .ray_service import RayNamespaceChart, RayServiceChart
 from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import (
     ApiKeysSpec,
@@ -33,6 +33,7 @@ __all__ = [
     "ModelSpec",
     "PodResources",
     "RayAutoscalerSpec",
+    "RayNamespaceChart",
     "RayServiceChart",
     "RayServiceProps",
     "ReplicaAutoscaling",

@@ -45,8 +45,16 @@ POD_SECURITY_LABELS = {
 }
 
 
-class RayServiceChart(cdk8s.Chart):
-    """Namespace plus RayService; applied as one manifest."""
+class RayNamespaceChart(cdk8s.Chart):
+    """What the Ray pods run in and mount: the namespace, the service accounts and the key
+    check's code. A manifest of its own, deleted after the RayService's: KubeRay's Redis cleanup
+    Job (behind the RayCluster's finalizer) is created in this namespace, as the head's service
+    account, while the RayService is deleted, and a terminating namespace admits no new pod.
+
+    The key check's ConfigMap is applied whether keys are on or off: a RayCluster built with keys
+    mounts it as a non-optional volume, and under ``ray_upgrade_strategy=None`` turning keys off does
+    not rebuild that cluster, so pruning it would leave the next Ray pod in FailedMount.
+    """
 
     def __init__(self, scope: Construct, id: str, *, props: RayServiceProps) -> None:
         super().__init__(scope, id, disable_resource_name_hashes=True)
@@ -70,13 +78,20 @@ class RayServiceChart(cdk8s.Chart):
                     kind="ServiceAccount",
                     metadata=cdk8s.ApiObjectMetadata(name=account, namespace=props.namespace),
                 )
-        if props.api_keys:
-            kplus.ConfigMap(
-                self,
-                "ApiKeysCode",
-                metadata=cdk8s.ApiObjectMetadata(name=api_keys_config_map(props.name), namespace=props.namespace),
-                data={proxy.FILE_NAME: proxy.source()},
-            )
+        kplus.ConfigMap(
+            self,
+            "ApiKeysCode",
+            metadata=cdk8s.ApiObjectMetadata(name=api_keys_config_map(props.name), namespace=props.namespace),
+            data={proxy.FILE_NAME: proxy.source()},
+        )
+
+
+class RayServiceChart(cdk8s.Chart):
+    """The RayService alone (its namespace and what its pods mount are ``RayNamespaceChart``'s)."""
+
+    def __init__(self, scope: Construct, id: str, *, props: RayServiceProps) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True)
+        self.props = props
         service = cdk8s.ApiObject(
             self,
             "RayService",

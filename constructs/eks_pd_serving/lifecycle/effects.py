@@ -140,6 +140,9 @@ def effect(action: Action, old: Resource | None, new: Resource | None, paths: se
         if action == "modify":
             return "permissions change: pods pick up new credentials on their next refresh"
         return "permissions " + ("for what the change adds" if action == "add" else "removed") + ": no pod restarts"
+    if kind == "AWS::SecretsManager::Secret" and action == "delete":
+        # A secret scheduled for deletion answers GetSecretValue with InvalidRequestException at once.
+        return "secret deleted: unreadable at once; a Ray pod that reads it when it starts (key check, GCS token) fails"
     if kind in (facts.FUNCTION, "AWS::Lambda::LayerVersion"):
         return "deployment tooling (a provider Lambda): serving unaffected"
     return f"{kind.split('::')[-1]} {action}: serving unaffected"
@@ -176,10 +179,16 @@ def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
             "traffic switches when it is ready (needs room for both)"
         )
     keyed = [_checks_api_keys(side) for side in (old, new)]
-    if keyed[0] != keyed[1]:
+    if keyed[1] and not keyed[0]:
         lines.append(
-            f"the API key check turns {'on' if keyed[1] else 'off'} only in a RayCluster built from the new spec; "
-            "until then the endpoint answers as before (verify shows which)"
+            "the API key check turns on only in a RayCluster built from the new spec; until then the endpoint "
+            "answers without keys (verify shows which)"
+        )
+    elif keyed[0] and not keyed[1]:
+        lines.append(
+            "the API key check turns off only in a RayCluster built from the new spec; until then the running "
+            "proxies check the keys they hold, and a Ray pod that restarts meanwhile answers 503 (its role may no "
+            "longer read the key secret): recreate the RayCluster right after the deploy"
         )
     tolerant = [_gcs_fault_tolerant(side) for side in (old, new)]
     if tolerant[1] and not tolerant[0]:

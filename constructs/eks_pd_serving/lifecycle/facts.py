@@ -49,6 +49,26 @@ def kube_objects(resource: Resource) -> list[KubeObject]:
     return found
 
 
+def manifests_applying(model: StackModel, *keys: str) -> dict[str, str | None]:
+    """Object key -> the manifest resource that applies it (None where none does)."""
+    holders: dict[str, str | None] = dict.fromkeys(keys)
+    for resource in model.of_type(MANIFEST):
+        for obj in kube_objects(resource):
+            if obj.key in holders:
+                holders[obj.key] = resource.id
+    return holders
+
+
+def role_policies(model: StackModel, association: Resource) -> list[str]:
+    """The ``AWS::IAM::Policy`` resources attached to a Pod Identity association's role: a policy
+    nothing depends on is deleted in destroy's first wave, whatever still uses the role."""
+    role_arn = association.properties.get("RoleArn")
+    if not (isinstance(role_arn, dict) and "Fn::GetAtt" in role_arn):
+        return []
+    role = role_arn["Fn::GetAtt"][0]
+    return sorted(r.id for r in model.of_type("AWS::IAM::Policy") if {"Ref": role} in (r.properties.get("Roles") or []))
+
+
 def helm_values(resource: Resource) -> dict[str, Any]:
     values = placeholders(resource.properties.get("Values"))
     return dict(json.loads(values)) if values else {}

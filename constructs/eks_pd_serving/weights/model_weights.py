@@ -244,16 +244,23 @@ class ModelWeights(Construct):
         )
 
     def grant_read(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Read the staged revision only: list its prefix, get its objects, decrypt through S3."""
+        """Read every revision staged under ``models/``: list it, get its objects, decrypt through S3.
+
+        Not the current revision's prefix alone: a ``model_revision`` change updates this policy in
+        the update's first wave, but the serve config moves to the new prefix only once the new
+        revision is staged (minutes to an hour later); every engine start in between (a restart, a
+        replaced node, a scale-up) still reads the old prefix. The bucket holds nothing else: only
+        the weights this stack staged.
+        """
         principal = grantee.grant_principal
         principal.add_to_principal_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{self.prefix}/*")])
+            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODELS}/*")])
         )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["s3:ListBucket"],
                 resources=[self.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{self.prefix}/*", self.prefix]}},
+                conditions={"StringLike": {"s3:prefix": [f"{MODELS}/*", MODELS]}},
             )
         )
         return self.key.grant(grantee, "kms:Decrypt")

@@ -1,6 +1,6 @@
 """Lifecycle rules: small named functions over ``StackModel``, each returning what is wrong as
 findings that name the rule, the resource and the missing edge (or fact). Template rules take one
-model; ``pruned_objects_leave`` takes the templates before and after a setting flips, and
+model; update rules take the templates before and after a setting flips, and
 ``named_log_groups_preflighted`` the names preflight checks."""
 
 from __future__ import annotations
@@ -28,7 +28,18 @@ from .destroy import (
 from .finding import Finding
 from .network import serve_port_admits_nlb_subnets
 from .placement import no_unmovable_pods_on_autoscaled_nodes, rendered_agents, workloads_follow_their_nodes
-from .updates import named_log_groups_preflighted, pruned_objects_leave
+from .updates import (
+    moved_objects_applied_before_prune,
+    named_log_groups_preflighted,
+    old_pods_keep_what_they_mount,
+    pruned_objects_leave,
+)
+
+# The rules over the templates before and after a change.
+UPDATE_RULES: dict[str, Callable[[StackModel, StackModel], list[Finding]]] = {
+    rule.__name__: rule
+    for rule in (pruned_objects_leave, old_pods_keep_what_they_mount, moved_objects_applied_before_prune)
+}
 
 TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
     rule.__name__: rule
@@ -59,6 +70,7 @@ def check(model: StackModel, preflighted: Iterable[str] | None = None) -> list[F
 
 __all__ = [
     "TEMPLATE_RULES",
+    "UPDATE_RULES",
     "Finding",
     "NodeBudget",
     "aws_controllers_outlive_credentials_and_nodes",
@@ -70,9 +82,11 @@ __all__ = [
     "kubectl_resources_outlive_api_route",
     "kubectl_resources_outlive_egress",
     "lambda_log_groups_outlive_their_functions",
+    "moved_objects_applied_before_prune",
     "named_log_groups_preflighted",
     "new_cluster_upgrade_fits",
     "no_unmovable_pods_on_autoscaled_nodes",
+    "old_pods_keep_what_they_mount",
     "pruned_objects_leave",
     "ray_clusters_outlive_no_gcs_store",
     "ray_heads",

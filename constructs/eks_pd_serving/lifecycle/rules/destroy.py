@@ -120,9 +120,11 @@ def aws_controllers_outlive_credentials_and_nodes(model: StackModel) -> list[Fin
 def ray_clusters_outlive_no_gcs_store(model: StackModel) -> list[Finding]:
     """A RayService with GCS fault tolerance is deleted before what KubeRay's Redis cleanup Job
     needs while it runs: the store it deletes the cluster's keys from, the head's Pod Identity
-    association and agent (the Job keeps the head's init containers, which read the store's token),
-    and the head's nodes (KubeRay v1.7.0 raycluster_controller.go, buildRedisCleanupJob: the head's
-    pod template, best effort for 300 s, behind the RayCluster's finalizer)."""
+    association, role policy and agent (the Job keeps the head's init containers, which read the
+    store's token), the head's nodes, and, in a manifest of their own, its namespace and the head's
+    service account (KubeRay v1.7.0 raycluster_controller.go, buildRedisCleanupJob: the head's pod
+    template, best effort for 300 s, behind the RayCluster's finalizer; a terminating namespace
+    admits no new pod, and the RayService's own ``kubectl delete`` waits for that finalizer)."""
     rule, found = "ray_clusters_outlive_no_gcs_store", []
     agent = facts.addon(model, "eks-pod-identity-agent")
     stores = [r.id for r in model.of_type(facts.GCS_STORE)]
@@ -136,14 +138,25 @@ def ray_clusters_outlive_no_gcs_store(model: StackModel) -> list[Finding]:
             head = cluster["headGroupSpec"]["template"]["spec"]
             account, namespace = head.get("serviceAccountName"), obj.body["metadata"].get("namespace")
             associations = [
-                r.id
+                r
                 for r in model.of_type(facts.POD_IDENTITY)
                 if (r.properties.get("ServiceAccount"), r.properties.get("Namespace")) == (account, namespace)
             ]
             if head.get("initContainers") and not associations:
                 found.append(Finding(rule, resource.id, f"no Pod Identity association for service account {account}"))
-            for target in (*stores, *associations, *([agent.id] if agent else [])):
+            policies = [p for a in associations for p in facts.role_policies(model, a)]
+            for target in (*stores, *(a.id for a in associations), *policies, *([agent.id] if agent else [])):
                 found += needs_edge(model, rule, resource.id, target, "KubeRay's Redis cleanup Job uses it")
+            holders = facts.manifests_applying(
+                model, f"Namespace/-/{namespace}", f"ServiceAccount/{namespace}/{account}"
+            )
+            for key, holder in holders.items():
+                if holder == resource.id:
+                    found.append(
+                        Finding(rule, resource.id, f"{key} is deleted with the RayService (the cleanup Job needs it)")
+                    )
+                elif holder is not None:
+                    found += needs_edge(model, rule, resource.id, holder, f"it applies {key}, which the Job needs")
             groups = facts.nodegroups_for(model, head.get("nodeSelector") or {})
             if not any(model.deleted_before(resource.id, g.id) for g in groups):
                 found.append(

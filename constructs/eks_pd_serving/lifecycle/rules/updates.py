@@ -1,13 +1,14 @@
-"""Rules across a change or beyond the template: what kubectl's prune leaves behind, and the log
-groups preflight must look for."""
+"""Rules across a change or beyond the template: what kubectl's prune leaves behind or deletes
+too early, what a running cluster still mounts, and the log groups preflight must look for."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
 from .. import facts, needs
+from ..effects import manifests_holding
 from ..graph import StackModel
-from .finding import Finding
+from .finding import Finding, needs_edge
 
 
 def named_log_groups_preflighted(model: StackModel, preflighted: Iterable[str]) -> list[Finding]:
@@ -39,5 +40,70 @@ def pruned_objects_leave(before: StackModel, after: StackModel) -> list[Finding]
                         resource_id,
                         f"{obj.key} leaves the manifest but kubectl's prune keeps {obj.kind}s: it stays in the cluster",
                     )
+                )
+    return found
+
+
+def _mounted(ray_service: facts.KubeObject) -> list[str]:
+    """The ConfigMaps and Secrets the RayService's pod templates mount as non-optional volumes."""
+    cluster = (ray_service.body.get("spec") or {}).get("rayClusterConfig") or {}
+    groups = [cluster.get("headGroupSpec") or {}, *(cluster.get("workerGroupSpecs") or [])]
+    found = []
+    for group in groups:
+        for volume in ((group.get("template") or {}).get("spec") or {}).get("volumes") or []:
+            for kind, field, name_field in (("ConfigMap", "configMap", "name"), ("Secret", "secret", "secretName")):
+                source = volume.get(field)
+                if isinstance(source, dict) and not source.get("optional"):
+                    found.append(f"{kind}/{ray_service.namespace}/{source.get(name_field)}")
+    return sorted(set(found))
+
+
+def old_pods_keep_what_they_mount(before: StackModel, after: StackModel) -> list[Finding]:
+    """A running RayCluster keeps the pod spec it was built from until it is rebuilt (under
+    upgradeStrategy None only when someone recreates it; under NewCluster once the new one is
+    ready), so every ConfigMap and Secret the RayService mounted before a change is still applied
+    after it: else the old spec's next pod (a restart, a replaced node, a scale-up) never starts
+    (FailedMount)."""
+    applied_after = {o.key for r in after.of_type(facts.MANIFEST) for o in facts.kube_objects(r)}
+    found = []
+    for resource in before.of_type(facts.MANIFEST):
+        for obj in facts.kube_objects(resource):
+            if obj.kind != "RayService":
+                continue
+            found += [
+                Finding(
+                    "old_pods_keep_what_they_mount",
+                    resource.id,
+                    f"{key} leaves the cluster while the running {obj.key}'s pods mount it",
+                )
+                for key in _mounted(obj)
+                if key not in applied_after
+            ]
+    return found
+
+
+def moved_objects_applied_before_prune(before: StackModel, after: StackModel) -> list[Finding]:
+    """An object moving from one manifest to another is applied by its new manifest before its old
+    one prunes: the old manifest depends on the new (CloudFormation then creates or updates the new
+    one first, and kubectl's apply replaces the object's prune label), and a new manifest applies
+    on create (`Overwrite`; `kubectl create` fails on an object that exists). Else the prune deletes
+    it (a Namespace: everything in it; only kinds in kubectl's prune list), or the create fails the
+    update."""
+    found = []
+    holders = manifests_holding(after)
+    for resource in before.of_type(facts.MANIFEST):
+        if resource.id not in after.resources:
+            continue
+        kept = {o.key for o in facts.kube_objects(after.resources[resource.id])}
+        for obj in facts.kube_objects(resource):
+            new = holders.get(obj.key)
+            if obj.key in kept or new is None or new == resource.id:
+                continue
+            rule = "moved_objects_applied_before_prune"
+            if obj.kind in needs.PRUNED_KINDS:
+                found += needs_edge(after, rule, resource.id, new, f"{obj.key} moves there; its prune would delete it")
+            if new not in before.resources and str(after.resources[new].properties.get("Overwrite")).lower() != "true":
+                found.append(
+                    Finding(rule, new, f"creates {obj.key}, which exists: kubectl create fails (no Overwrite)")
                 )
     return found
