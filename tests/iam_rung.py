@@ -68,6 +68,11 @@ class Recorder:
 
 def authorizations(service: str, operation: str, params: dict[str, Any], parsed: dict[str, Any]) -> list[Call]:
     """What AWS authorizes for one call: its operation, parameters and (for S3's missing-key rule) answer."""
+    if service == "secretsmanager" and "SecretId" in params:
+        return [Call(f"secretsmanager:{operation}", str(params["SecretId"]))]
+    if service == "servicequotas" and "QuotaCode" in params:
+        quota = f"arn:{PARTITION}:servicequotas:{REGION}:{ACCOUNT}:{params['ServiceCode']}/{params['QuotaCode']}"
+        return [Call(f"servicequotas:{operation}", quota)]
     if service != "s3":
         return [Call(f"{service}:{operation}", "*")]
     bucket, key = params.get("Bucket", ""), params.get("Key")

@@ -17,6 +17,7 @@ import aws_cdk as cdk
 import boto3
 import cdk8s
 import yaml
+from botocore.stub import Stubber
 
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -224,3 +225,35 @@ def serve_args(service: dict[str, Any]) -> dict[str, Any]:
     (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
     args: dict[str, Any] = app["args"]
     return args
+
+
+# --- the capacity check's inputs (tests/unit/test_capacity_check.py, the IAM rung) ---------------
+CAPACITY_REGION = "us-east-1"
+
+
+def stubbed_quotas(value: float, applied: bool = True, p_value: float | None = None) -> Any:
+    """The G/VT quota at ``value`` and, asked next when ``p_value`` is given, the P quota."""
+    client = boto3.client("service-quotas", region_name=CAPACITY_REGION)
+    stub = Stubber(client)
+    for code, quota in (("L-DB2E81BA", value), ("L-417A185B", p_value)):
+        if quota is None:
+            continue
+        params = {"ServiceCode": "ec2", "QuotaCode": code}
+        answer = {"Quota": {**params, "Value": quota}}
+        if applied:
+            stub.add_response("get_service_quota", answer, params)
+        else:
+            stub.add_client_error("get_service_quota", "NoSuchResourceException", expected_params=params)
+            stub.add_response("get_aws_default_service_quota", answer, params)
+    stub.activate()
+    return client
+
+
+def capacity_properties(az: str = "us-east-1a", **groups: tuple[str, int]) -> dict[str, Any]:
+    """As CloudFormation sends them: every scalar a string."""
+    groups = groups or {"gpu": ("g6.8xlarge", 2)}
+    return {
+        "ClusterName": "ray-llm-multinode",
+        "GpuAvailabilityZone": az,
+        "Groups": [{"Name": n, "InstanceType": t, "NodeCount": str(c)} for n, (t, c) in groups.items()],
+    }

@@ -19,8 +19,13 @@ import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
 from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record
-from support import FIXTURES, ROOT, moto_s3
+from moto import mock_aws
+from support import FIXTURES, ROOT, capacity_properties, moto_s3, stubbed_quotas, synth_assembly
 
+from eks_pd_serving.capacity import handler as capacity_handler
+from eks_pd_serving.endpoint.proxy import eks_pd_api_keys as api_keys_proxy
+from eks_pd_serving.fault_tolerance import auth
+from eks_pd_serving.fault_tolerance.auth import eks_pd_gcs_auth as gcs_reader
 from eks_pd_serving.weights.handler import handler
 from eks_pd_serving.weights.job import stage
 
@@ -235,3 +240,111 @@ def test_the_rung_fails_on_the_revision_narrowed_grant() -> None:
     assert sorted(m for m in missing if m.startswith("s3:GetObject")) == [
         f"s3:GetObject on arn:aws:s3:::{BUCKET_NAME}/{old}/{name}" for name in sorted(STAGED_FILES)
     ]
+
+
+# --- the Ray pods' secret reads and the capacity check --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The template with API keys on (the default has them off), GCS fault tolerance on."""
+    path = synth_assembly(tmp_path_factory.mktemp("keyed"), nag=False, api_keys=True)
+    return dict(json.loads(path.read_text()))
+
+
+def _role_of(t: dict[str, Any], service_account: str) -> str:
+    (association,) = [
+        r["Properties"] for r in t["Resources"].values()
+        if r["Type"] == "AWS::EKS::PodIdentityAssociation" and r["Properties"]["ServiceAccount"] == service_account
+    ]  # fmt: skip
+    return str(association["RoleArn"]["Fn::GetAtt"][0])
+
+
+def _secret(t: dict[str, Any], prefix: str) -> str:
+    (secret,) = [
+        k for k, r in t["Resources"].items() if r["Type"] == "AWS::SecretsManager::Secret" and k.startswith(prefix)
+    ]
+    return secret
+
+
+def _recording_boto3(monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> None:
+    """Every client the code under test builds through boto3.client is recorded."""
+    real = boto3.client
+    monkeypatch.setattr(boto3, "client", lambda *a, **kw: record(real(*a, **kw), recorder))
+
+
+@pytest.fixture
+def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "t",
+        "AWS_SECRET_ACCESS_KEY": "t",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        yield boto3.client("secretsmanager", region_name="us-east-1")
+
+
+def _head_reads_the_gcs_token(t: dict[str, Any], secrets: Any, monkeypatch: pytest.MonkeyPatch, tmp: Path) -> list[str]:
+    """The head's init container (fault_tolerance/auth) as the pod runs it; the calls it was denied."""
+    arn = secrets.create_secret(Name="gcs-token", SecretString=json.dumps({auth.FIELD: "Tk" * 32}))["ARN"]
+    monkeypatch.setenv(auth.SECRET_ENV, arn)
+    monkeypatch.setenv(auth.FILE_ENV, str(tmp / auth.ENV_FILE))
+    recorder = Recorder()
+    _recording_boto3(monkeypatch, recorder)
+    assert gcs_reader.main() == 0
+    assert [c.action for c in recorder.calls] == ["secretsmanager:GetSecretValue"]
+    names = {_secret(t, "PdServingGcsStore"): arn}
+    return denied(principal_policies(t, _role_of(t, "ray-llm-head"), names), recorder.calls)
+
+
+def test_the_heads_role_allows_its_init_containers_token_read(
+    synthesized: dict[str, Any], secrets: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    assert _head_reads_the_gcs_token(synthesized, secrets, monkeypatch, tmp_path) == []
+
+
+def test_the_rung_fails_on_a_head_role_without_the_token_grant(
+    synthesized: dict[str, Any], secrets: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    broken = copy.deepcopy(synthesized)
+    role = _role_of(broken, "ray-llm-head")
+    for resource in broken["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role} in resource["Properties"]["Roles"]:
+            statements = resource["Properties"]["PolicyDocument"]["Statement"]
+            statements[:] = [s for s in statements if "secretsmanager:GetSecretValue" not in s["Action"]]
+    (line,) = _head_reads_the_gcs_token(broken, secrets, monkeypatch, tmp_path)
+    assert line.startswith("secretsmanager:GetSecretValue on arn:aws:secretsmanager:us-east-1:")
+
+
+@pytest.mark.parametrize("account", ["ray-llm-head", "ray-llm-workers"])
+def test_every_ray_pods_role_allows_its_proxys_key_read(
+    keyed: dict[str, Any], secrets: Any, monkeypatch: pytest.MonkeyPatch, account: str
+) -> None:
+    """Every Ray pod runs a Serve proxy, and each proxy reads the key secret itself."""
+    arn = secrets.create_secret(Name="api-keys", SecretString=json.dumps({"initial": "k" * 48}))["ARN"]
+    recorder = Recorder()
+    _recording_boto3(monkeypatch, recorder)
+    store = api_keys_proxy.KeyStore(api_keys_proxy.secrets_manager_fetch(arn))
+    assert store.refresh()
+    assert [c.action for c in recorder.calls] == ["secretsmanager:GetSecretValue"]
+    names = {_secret(keyed, "PdServingApiKeys"): arn}
+    assert denied(principal_policies(keyed, _role_of(keyed, account), names), recorder.calls) == []
+
+
+def test_the_capacity_checks_role_allows_every_call_of_its_create(
+    synthesized: dict[str, Any], secrets: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deploy-time capacity check's Create, against moto's EC2 and Stubber's Service Quotas."""
+    recorder = Recorder()
+    stubbed = record(stubbed_quotas(64), recorder)
+    real = boto3.client
+    monkeypatch.setattr(
+        boto3, "client", lambda name, **kw: stubbed if name == "service-quotas" else record(real(name), recorder)
+    )
+    capacity_handler.on_event({"RequestType": "Create", "ResourceProperties": capacity_properties()})
+    actions = {c.action for c in recorder.calls}
+    assert {"ec2:DescribeInstanceTypes", "servicequotas:GetServiceQuota"} <= actions
+    (role,) = [k for k in synthesized["Resources"] if k.startswith("PdServingGpuCapacityCheckFunctionServiceRole")
+               and synthesized["Resources"][k]["Type"] == "AWS::IAM::Role"]  # fmt: skip
+    assert denied(principal_policies(synthesized, role, {}), recorder.calls) == []

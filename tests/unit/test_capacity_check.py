@@ -11,9 +11,10 @@ from typing import Any
 
 import boto3
 import pytest
-from botocore.stub import Stubber
 from moto import mock_aws
 from support import NO_AWS_ENV
+from support import capacity_properties as properties
+from support import stubbed_quotas as quotas
 
 from eks_pd_serving.capacity import checks, handler
 from eks_pd_serving.capacity_check import CODE_DIR
@@ -29,38 +30,10 @@ def ec2(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         yield boto3.client("ec2", region_name=REGION)
 
 
-def quotas(value: float, applied: bool = True, p_value: float | None = None) -> Any:
-    """The G/VT quota at ``value`` and, asked next when ``p_value`` is given, the P quota."""
-    client = boto3.client("service-quotas", region_name=REGION)
-    stub = Stubber(client)
-    for code, quota in (("L-DB2E81BA", value), ("L-417A185B", p_value)):
-        if quota is None:
-            continue
-        params = {"ServiceCode": "ec2", "QuotaCode": code}
-        answer = {"Quota": {**params, "Value": quota}}
-        if applied:
-            stub.add_response("get_service_quota", answer, params)
-        else:
-            stub.add_client_error("get_service_quota", "NoSuchResourceException", expected_params=params)
-            stub.add_response("get_aws_default_service_quota", answer, params)
-    stub.activate()
-    return client
-
-
 def launch(ec2: Any, instance_type: str, count: int, cluster: str | None = None) -> None:
     tags = [{"ResourceType": "instance", "Tags": [{"Key": checks.CLUSTER_TAG, "Value": cluster}]}] if cluster else []
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     ec2.run_instances(ImageId=image, InstanceType=instance_type, MinCount=count, MaxCount=count, TagSpecifications=tags)
-
-
-def properties(az: str = "us-east-1a", **groups: tuple[str, int]) -> dict[str, Any]:
-    """As CloudFormation sends them: every scalar a string."""
-    groups = groups or {"gpu": ("g6.8xlarge", 2)}
-    return {
-        "ClusterName": "ray-llm-multinode",
-        "GpuAvailabilityZone": az,
-        "Groups": [{"Name": n, "InstanceType": t, "NodeCount": str(c)} for n, (t, c) in groups.items()],
-    }
 
 
 def test_passes_when_the_az_offers_the_type_and_the_quota_is_free(ec2: Any) -> None:
