@@ -168,6 +168,17 @@ def decode_figures(log: str) -> dict[str, dict[str, float]]:
     }
 
 
+# Where the staging job puts a revision (weights/model_weights.py, weights_prefix):
+# s3://<bucket>/models/<model_source>/<revision>. The deployed serve config names that URI.
+_STAGED_URI = re.compile(r"^s3://[^/]+/models/(?P<source>.+)/[^/]+$")
+
+
+def catalogue_source(model_source: str) -> str:
+    """The Hugging Face source behind a deployed ``model_source``: the staged URI names it."""
+    staged = _STAGED_URI.match(model_source)
+    return staged["source"] if staged else model_source
+
+
 def sizing_for(engine_kwargs: dict[str, Any], model_source: str, gpu: str, model: ModelFacts | None = None) -> Sizing:
     """The synth gate's figures for these engine settings on ``gpu`` (for ``model_source``'s
     catalogue facts, or ``model``'s)."""

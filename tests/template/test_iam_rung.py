@@ -264,7 +264,7 @@ def _secret(t: dict[str, Any], prefix: str) -> str:
     (secret,) = [
         k for k, r in t["Resources"].items() if r["Type"] == "AWS::SecretsManager::Secret" and k.startswith(prefix)
     ]
-    return secret
+    return str(secret)
 
 
 def _recording_boto3(monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> None:

@@ -33,6 +33,21 @@ def deployed(template_file: Path) -> dict[str, Any]:
     return profile.serve_config(profile.ray_service_from_template(template_file))
 
 
+def test_the_deployed_s3_source_maps_back_to_its_catalogue_row(deployed: dict[str, Any]) -> None:
+    """issue 37: `emulate` on the default template raised KeyError on the s3:// model source."""
+    from eks_pd_serving.weights import weights_prefix
+
+    (prefill, _decode) = deployed["applications"][0]["args"].values()
+    source = prefill["model_loading_config"]["model_source"]
+    assert source.startswith("s3://") and source not in MODELS
+    assert gpu_profile.catalogue_source(source) == "Qwen/Qwen3.5-9B"
+    uri = f"s3://bucket/{weights_prefix('meta-llama/Llama-3.1-70B-Instruct', 'abc123')}"
+    assert gpu_profile.catalogue_source(uri) == "meta-llama/Llama-3.1-70B-Instruct"
+    assert gpu_profile.catalogue_source("Qwen/Qwen3-8B") == "Qwen/Qwen3-8B"
+    engine = prefill["engine_kwargs"]
+    assert gpu_profile.sizing_for(engine, gpu_profile.catalogue_source(source), "L4").kv_capacity_tokens > 0
+
+
 def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]) -> None:
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), H200, dummy_weights=True)
     assert _changed(deployed, rehearsed) == {
