@@ -97,6 +97,20 @@ def test_a_known_key_passes_and_the_log_names_its_id_not_the_key(caplog: pytest.
     assert KEY_A not in caplog.text
 
 
+def test_a_refused_path_cannot_forge_a_line_or_spell_the_kv_alarms_phrase(caplog: pytest.LogCaptureFixture) -> None:
+    """Anyone who reaches the port chooses the path: logged re-encoded and capped (issue 37/38)."""
+    from eks_pd_serving.observability.catalogue import KV_PULL_FAILED_LINE
+
+    forged = "/" + KV_PULL_FAILED_LINE.replace(" ", "%20") + "%0AERROR%20forged" + "x" * 500
+    with caplog.at_level(logging.INFO, logger="ray.serve"):
+        response, engine = call(store_of(SECRET), forged, None, method="GET")
+    assert response.status_code == 401 and engine.paths == []
+    (record,) = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+    assert KV_PULL_FAILED_LINE not in record and "\n" not in record
+    assert record.startswith("api_key refused GET /Skipping%20KV%20post-processing") and "%0AERROR" in record
+    assert len(record) < keys.LOGGED_PATH_CHARS + 40
+
+
 def test_the_health_path_is_open_and_only_it() -> None:
     response, engine = call(store_of(SECRET), "/-/healthz", None, method="GET")
     assert (response.status_code, engine.paths) == (200, ["/-/healthz"])

@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import threading
+import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -31,6 +32,8 @@ DEFAULT_REFRESH_S = 30.0
 OPEN_PATHS = frozenset({"/-/healthz"})
 KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MIN_KEY_CHARS = 32
+# A logged path is at most this long: anyone who reaches the port, without a key, chooses it.
+LOGGED_PATH_CHARS = 200
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -156,13 +159,22 @@ class ApiKeyMiddleware:
             return
         method = scope.get("method", "WS")
         if key_id is None:
-            logger.info("api_key refused %s %s: %s", method, scope["path"], "unknown key" if token else "no key")
+            logger.info(
+                "api_key refused %s %s: %s", method, loggable(scope["path"]), "unknown key" if token else "no key"
+            )
             await _refuse(
                 kind, send, 401, _error(UNKNOWN_KEY if token else NO_KEY, "invalid_api_key", "invalid_request_error")
             )
             return
-        logger.info("api_key_id=%s %s %s", key_id, method, scope["path"])
+        logger.info("api_key_id=%s %s %s", key_id, method, loggable(scope["path"]))
         await self.app(scope, receive, send)
+
+
+def loggable(path: str) -> str:
+    """A request's path as one log token: percent-encoded again (ASGI hands it decoded, so a
+    ``%0A`` would start a forged line and ``%20`` spell a phrase an alarm counts), then capped."""
+    quoted = urllib.parse.quote(path, safe="/-._~")
+    return quoted if len(quoted) <= LOGGED_PATH_CHARS else quoted[:LOGGED_PATH_CHARS] + "..."
 
 
 async def _refuse(kind: str, send: Send, status: int, body: bytes) -> None:
