@@ -101,9 +101,9 @@ def leaves(tree: Any, path: str = "") -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def moto_s3(monkeypatch: Any, bucket: str) -> Iterator[Any]:
-    """moto's S3 with one bucket and dummy credentials; an S3 client of it. moto never evaluates
-    IAM: tests/iam_rung.py judges what a role may do."""
+def moto_aws(monkeypatch: Any) -> Iterator[None]:
+    """moto's AWS with dummy credentials in us-east-1. moto never evaluates IAM:
+    tests/iam_rung.py judges what a role may do."""
     from moto import mock_aws
 
     for key, value in {
@@ -113,6 +113,13 @@ def moto_s3(monkeypatch: Any, bucket: str) -> Iterator[Any]:
     }.items():
         monkeypatch.setenv(key, value)
     with mock_aws():
+        yield
+
+
+@contextlib.contextmanager
+def moto_s3(monkeypatch: Any, bucket: str) -> Iterator[Any]:
+    """``moto_aws`` with one bucket; an S3 client of it."""
+    with moto_aws(monkeypatch):
         client = boto3.client("s3", region_name="us-east-1")
         client.create_bucket(Bucket=bucket)
         yield client

@@ -225,6 +225,13 @@ def state_bytes_per_sequence(model: ModelFacts, dtype_bytes: int, tp: int) -> in
     return model.linear_layers * mamba_bytes_per_layer(model, dtype_bytes, tp)
 
 
+def _weight_bytes(model: ModelFacts, params: float, dtype_bytes: int, *, fp8: bool) -> int:
+    """``params`` weights in ``dtype_bytes`` each, the Linear layers' and experts' in one with FP8."""
+    if fp8:
+        return int(model.linear_params + (params - model.linear_params) * dtype_bytes)
+    return int(params * dtype_bytes)
+
+
 def size(
     model: ModelFacts,
     instance: InstanceFacts,
@@ -247,10 +254,7 @@ def size(
     params = model.params + (model.vision_params if multimodal else 0)
     # An FP8 checkpoint is stored as online FP8 would store it: the same bytes and engine peaks.
     quantization = "fp8" if model.checkpoint_quantization == "fp8" else quantization
-    if quantization == "fp8":
-        weight_bytes = int(model.linear_params + (params - model.linear_params) * dtype_bytes) // tp
-    else:
-        weight_bytes = int(params * dtype_bytes) // tp
+    weight_bytes = _weight_bytes(model, params, dtype_bytes, fp8=quantization == "fp8") // tp
     encoder = model.encoder_profile_peak_gib if multimodal else 0.0
     per_token_layer = attention_bytes_per_token_per_layer(model, dtype_bytes, tp)
     if model.hybrid:
@@ -321,9 +325,7 @@ def checkpoint_bytes(model: ModelFacts) -> int:
     """The checkpoint's files as the mirror writes them under the container's model cache: every
     weight, the vision tower included (it is in the checkpoint whether or not it is loaded)."""
     params = model.params + model.vision_params
-    if model.checkpoint_quantization == "fp8":
-        return int(model.linear_params + (params - model.linear_params) * CHECKPOINT_DTYPE_BYTES)
-    return int(params * CHECKPOINT_DTYPE_BYTES)
+    return _weight_bytes(model, params, CHECKPOINT_DTYPE_BYTES, fp8=model.checkpoint_quantization == "fp8")
 
 
 def root_volume_needed_gib(model: ModelFacts, copies: int = 1) -> int:

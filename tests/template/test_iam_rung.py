@@ -19,8 +19,7 @@ import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
 from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record
-from moto import mock_aws
-from support import FIXTURES, ROOT, capacity_properties, moto_s3, stubbed_quotas, synth_assembly
+from support import FIXTURES, ROOT, capacity_properties, moto_aws, moto_s3, stubbed_quotas, synth_assembly
 
 from eks_pd_serving.capacity import handler as capacity_handler
 from eks_pd_serving.endpoint.proxy import eks_pd_api_keys as api_keys_proxy
@@ -275,13 +274,7 @@ def _recording_boto3(monkeypatch: pytest.MonkeyPatch, recorder: Recorder) -> Non
 
 @pytest.fixture
 def secrets(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "t",
-        "AWS_SECRET_ACCESS_KEY": "t",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
+    with moto_aws(monkeypatch):
         yield boto3.client("secretsmanager", region_name="us-east-1")
 
 

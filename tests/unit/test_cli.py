@@ -17,8 +17,7 @@ from urllib.parse import parse_qs, urlparse
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto import mock_aws
-from support import NO_AWS_ENV, P5_CLASS, ROOT, synth_assembly
+from support import NO_AWS_ENV, P5_CLASS, ROOT, moto_aws, synth_assembly
 
 from eks_pd_serving.assembly import field_diff
 from eks_pd_serving.catalog import MODELS
@@ -195,13 +194,7 @@ def quotas_client(value: float) -> tuple[Any, Stubber]:
 
 @pytest.fixture
 def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for key, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(key, value)
-    with mock_aws():
+    with moto_aws(monkeypatch):
         yield
 
 

@@ -214,7 +214,7 @@ def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectCha
         return []
     olds = {o.key: o for o in facts.kube_objects(before)}
     news = {o.key: o for o in facts.kube_objects(after)}
-    elsewhere = manifests_holding(new, exclude=rid)
+    elsewhere = facts.manifests_holding(new, exclude=rid)
     found = []
     for key in sorted(set(olds) | set(news)):
         if key not in olds:
@@ -254,16 +254,6 @@ def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectCha
 
 def _canonical(body: Mapping[str, Any]) -> str:
     return json.dumps(placeholders(body), sort_keys=True)
-
-
-def manifests_holding(model: StackModel, exclude: str = "") -> dict[str, str]:
-    """Object key -> the manifest resource that applies it (other than ``exclude``)."""
-    return {
-        obj.key: resource.id
-        for resource in model.of_type(facts.MANIFEST)
-        if resource.id != exclude
-        for obj in facts.kube_objects(resource)
-    }
 
 
 def _object_effect(obj: facts.KubeObject) -> str:

@@ -49,14 +49,14 @@ def kube_objects(resource: Resource) -> list[KubeObject]:
     return found
 
 
-def manifests_applying(model: StackModel, *keys: str) -> dict[str, str | None]:
-    """Object key -> the manifest resource that applies it (None where none does)."""
-    holders: dict[str, str | None] = dict.fromkeys(keys)
-    for resource in model.of_type(MANIFEST):
-        for obj in kube_objects(resource):
-            if obj.key in holders:
-                holders[obj.key] = resource.id
-    return holders
+def manifests_holding(model: StackModel, exclude: str = "") -> dict[str, str]:
+    """Object key -> the manifest resource that applies it (other than ``exclude``)."""
+    return {
+        obj.key: resource.id
+        for resource in model.of_type(MANIFEST)
+        if resource.id != exclude
+        for obj in kube_objects(resource)
+    }
 
 
 def role_policies(model: StackModel, association: Resource) -> list[str]:

@@ -147,10 +147,9 @@ def ray_clusters_outlive_no_gcs_store(model: StackModel) -> list[Finding]:
             policies = [p for a in associations for p in facts.role_policies(model, a)]
             for target in (*stores, *(a.id for a in associations), *policies, *([agent.id] if agent else [])):
                 found += needs_edge(model, rule, resource.id, target, "KubeRay's Redis cleanup Job uses it")
-            holders = facts.manifests_applying(
-                model, f"Namespace/-/{namespace}", f"ServiceAccount/{namespace}/{account}"
-            )
-            for key, holder in holders.items():
+            holders = facts.manifests_holding(model)
+            for key in (f"Namespace/-/{namespace}", f"ServiceAccount/{namespace}/{account}"):
+                holder = holders.get(key)
                 if holder == resource.id:
                     found.append(
                         Finding(rule, resource.id, f"{key} is deleted with the RayService (the cleanup Job needs it)")

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from .. import facts, needs
-from ..effects import manifests_holding
 from ..graph import StackModel
 from .finding import Finding, needs_edge
 
@@ -64,7 +63,7 @@ def old_pods_keep_what_they_mount(before: StackModel, after: StackModel) -> list
     ready), so every ConfigMap and Secret the RayService mounted before a change is still applied
     after it: else the old spec's next pod (a restart, a replaced node, a scale-up) never starts
     (FailedMount)."""
-    applied_after = {o.key for r in after.of_type(facts.MANIFEST) for o in facts.kube_objects(r)}
+    applied_after = facts.manifests_holding(after)
     found = []
     for resource in before.of_type(facts.MANIFEST):
         for obj in facts.kube_objects(resource):
@@ -90,7 +89,7 @@ def moved_objects_applied_before_prune(before: StackModel, after: StackModel) ->
     it (a Namespace: everything in it; only kinds in kubectl's prune list), or the create fails the
     update."""
     found = []
-    holders = manifests_holding(after)
+    holders = facts.manifests_holding(after)
     for resource in before.of_type(facts.MANIFEST):
         if resource.id not in after.resources:
             continue
