@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.template} has no API key check (synthesize with api_keys=true)")
             return 1
         for name, keyed in (("checked", True), ("unchecked", False), ("checked_again", True)):
-            results[name] = _session(control, {**env, **(keys.env if keyed else {})}, keys.key if keyed else None, args)
+            results[name] = _session(
+                control, profile.merged_env(env, keys.env if keyed else {}), keys.key if keyed else None, args
+            )
     checked = [results["checked"], results["checked_again"]]
     for figure in ("models_median_ms", "chat_median_ms"):
         results[f"added_{figure}"] = statistics.mean(r[figure] for r in checked) - results["unchecked"][figure]

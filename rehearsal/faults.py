@@ -57,7 +57,7 @@ from typing import Any
 import httpx
 import psutil
 
-from eks_pd_serving.fault_tolerance import auth, runbook
+from eks_pd_serving.fault_tolerance import auth, kv_guard, runbook
 from eks_pd_serving.observability import catalogue as om
 
 from . import gpu_profile, local_aws, profile, qwen35_checkpoint, tiny_checkpoint
@@ -72,7 +72,7 @@ from .harness import (
     log,
     undeploy,
 )
-from .probes import Endpoint, engine_counters
+from .probes import Endpoint, counted_since, engine_counters_by_replica
 from .processes import MARKER, marked_processes
 
 MAX_TOKENS = 24
@@ -300,7 +300,7 @@ def _cut_kv_link(link: KvLink, endpoint: Endpoint, run_id: str, events: Events) 
     connections = _kv_connections(run_id)
     if not connections:
         raise RuntimeError(f"no connection in {KV_PORTS} before the cut: NIXL did not take UCX over TCP")
-    before = engine_counters(endpoint.metrics_url)  # read first: a scrape takes seconds here
+    before = engine_counters_by_replica(endpoint.metrics_url)  # read first: a scrape takes seconds here
     link.cut()
     events.write({"type": "kv_link", "event": "cut", "at": time.time(), "connections": connections, "counters": before})
 
@@ -308,7 +308,12 @@ def _cut_kv_link(link: KvLink, endpoint: Endpoint, run_id: str, events: Events) 
         link.heal()
         at = time.time()
         events.write(
-            {"type": "kv_link", "event": "healed", "at": at, "counters": engine_counters(endpoint.metrics_url)}
+            {
+                "type": "kv_link",
+                "event": "healed",
+                "at": at,
+                "counters": engine_counters_by_replica(endpoint.metrics_url),
+            }
         )
 
     threading.Timer(KV_CUT_S, heal).start()
@@ -406,8 +411,8 @@ def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> d
         return {}
     cut, healed, end = (link.get(k, {}).get("counters") for k in ("cut", "healed", "end"))
 
-    def moved(key: str, start: dict[str, float] | None, stop: dict[str, float] | None) -> float | None:
-        return None if start is None or stop is None else stop[key] - start[key]
+    def moved(key: str, start: dict[str, Any] | None, stop: dict[str, Any] | None) -> float | None:
+        return None if start is None or stop is None else counted_since(key, start, stop)
 
     return {
         "kv_connections_cut": link["cut"]["connections"],
@@ -417,6 +422,8 @@ def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> d
         "kv_transfers_while_cut": moved("nixl_transfers", cut, healed),
         "kv_transfers_after_heal": moved("nixl_transfers", healed, end),
         "kv_external_tokens_after_heal": moved("external_kv_tokens", healed, end),
+        # Engine replicas exporting at the end that were not at the cut: Serve replaced them.
+        "kv_replicas_new_at_end": sorted(set(end or {}) - set(cut or {})),
     }
 
 
@@ -530,7 +537,7 @@ def _child(args: argparse.Namespace) -> int:
         rehearsed = profile.local_profile(deployed, tiny_checkpoint.build(args.checkpoint.resolve()))
         env = {**profile.worker_env(ray_service), **LOCAL_ENV}
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
-    for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY")) or k == "PYTHONPATH"]:
+    for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY"))]:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
     if "kv" in args.faults:
         env.update(KV_UCX_ENV)
@@ -589,10 +596,11 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             _fault(load, "KV link cut", lambda: _cut_kv_link(link, endpoint, run_id, events), args.recovery_bound_s,
                    hold_s=KV_CUT_S + 20.0)  # fmt: skip
             events.write({"type": "kv_link", "event": "end", "at": time.time(),
-                          "counters": engine_counters(endpoint.metrics_url)})  # fmt: skip
+                          "counters": engine_counters_by_replica(endpoint.metrics_url)})  # fmt: skip
             link.remove()
         if "replace" in args.faults:
             _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
+        events.write({"type": "kv_guard", "lines": _guard_lines()})  # before the GCS fault can end the run
         if "gcs" not in args.faults:
             return 0
         if store is not None:
@@ -605,6 +613,20 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             _fault(load, "GCS killed (no fault tolerance)", lambda: _kill(run_id, "gcs_server"),
                    args.recovery_bound_s, hold_s=90.0)  # fmt: skip
     return 0
+
+
+def _guard_lines() -> dict[str, int]:
+    """The KV guard's lines in this run's Serve replica logs (where Ray Serve writes them; a pod's
+    log has them too, Serve logging to stderr there), by what they say: on, stood aside, tripped."""
+    import ray
+
+    logs = Path(ray._private.worker._global_node.get_session_dir_path(), "logs", "serve")
+    counts = dict.fromkeys(kv_guard.lines(), 0)
+    for path in logs.glob("replica_*.log"):
+        text = path.read_text(errors="replace")
+        for what, phrase in kv_guard.lines().items():
+            counts[what] += text.count(f"{phrase}:")  # the guard's own line, not a health check's error
+    return counts
 
 
 class Output:
@@ -697,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
               "faults": faults}  # fmt: skip
     output.join()
     report["kv_pull_failed_lines"] = output.pull_failed_lines
+    # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
+    report["kv_guard"] = next((e["lines"] for e in events if e["type"] == "kv_guard"), None)
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(
@@ -723,8 +747,15 @@ def holds(report: dict[str, Any]) -> bool:
     ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
     for kv in (f for f in faults if "kv_cut_s" in f):
         ok = ok and (kv["kv_failed_transfers_while_cut"] or 0) > 0 and (kv["kv_transfers_after_heal"] or 0) > 0
-        ok = ok and report["kv_pull_failed_lines"] > 0  # what the KvPullFailed alarm counts
-        ok = ok and (report["kv_load_failure_policy"] != "recompute" or kv["requests_failed"] == 0)
+        ok = ok and report["kv_pull_failed_lines"] > 0  # the engine logged its failed pulls
+        guard = report.get("kv_guard") or {}
+        if guard.get("on"):
+            # A guarded decode trips at the first failed pull, every failure is its retryable 503,
+            # and Serve replaced the decode replica (the new one pulled KV after the heal).
+            ok = ok and guard["tripped"] > 0 and bool(kv["kv_replicas_new_at_end"])
+            ok = ok and all(kind.startswith("HTTP 503") for kind in kv["failures"])
+        else:
+            ok = ok and (report["kv_load_failure_policy"] != "recompute" or kv["requests_failed"] == 0)
     if report["gcs_fault_tolerance"] and "gcs" in report["faults_chosen"]:
         gcs = faults[-1] if faults else {}
         ok = ok and gcs.get("requests_failed") == 0 and bool(gcs.get("completed_while_gcs_down"))

@@ -173,7 +173,9 @@ def rehearse_both(
     report: dict[str, Any] = {}
     used: list[str] = []
     control = control or profile.colocated_control(rehearsed)
-    with local_ray({**env, **(keys.env if keys else {})}, metrics_port, profile.custom_resources(rehearsed)) as run_id:
+    with local_ray(
+        profile.merged_env(env, keys.env if keys else {}), metrics_port, profile.custom_resources(rehearsed)
+    ) as run_id:
         # Built first, with Ray up (building can start a Ray of its own otherwise): a broken
         # config fails before anything deploys.
         phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]

@@ -120,6 +120,24 @@ def engine_counters(metrics_url: str) -> dict[str, float]:
     return totals
 
 
+def engine_counters_by_replica(metrics_url: str) -> dict[str, dict[str, float]]:
+    """The same counters by the Serve replica exporting them (Ray tags each with its ReplicaId):
+    a replica that Serve replaced starts its own from zero, so a delta is taken per replica."""
+    found: dict[str, dict[str, float]] = {}
+    for name, labels, value in _samples(metrics_url):
+        for key, (wanted, wanted_source) in COUNTERS.items():
+            if name == wanted and wanted_source in (None, labels.get("source")):
+                replica = found.setdefault(labels.get("ReplicaId", ""), dict.fromkeys(COUNTERS, 0.0))
+                replica[key] += value
+    return found
+
+
+def counted_since(key: str, start: dict[str, dict[str, float]], stop: dict[str, dict[str, float]]) -> float:
+    """How much ``key`` grew from ``start`` to ``stop`` (by-replica readings): a replica that is new
+    at ``stop`` counts from zero, one that is gone counts nothing more."""
+    return sum(counts[key] - start.get(replica, {}).get(key, 0.0) for replica, counts in stop.items())
+
+
 def external_kv_by_replica(metrics_url: str) -> dict[str, float]:
     """Prompt tokens each engine loaded from a remote engine, by the Serve replica it runs in."""
     name, source = EXTERNAL

@@ -10,12 +10,17 @@ from __future__ import annotations
 import copy
 import difflib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from eks_pd_serving.assembly import kubernetes_objects
+from eks_pd_serving.fault_tolerance import kv_guard
+
+# The pod annotation holding the guard's digest (mapping.kv_guard_program).
+KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
 
 LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
@@ -40,13 +45,38 @@ def serve_config(ray_service: dict[str, Any]) -> dict[str, Any]:
 
 
 def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
-    """The Ray worker container's literal env, minus what only an EFA pod needs."""
+    """The Ray worker container's literal env, minus what only an EFA pod needs. Its PYTHONPATH
+    names the pods' mounted programs: the KV guard's mount becomes the package's folder holding
+    the same file (the pod annotation's digest is checked against it), the key check's is left to
+    ``api_keys.local_keys``, and this process's own PYTHONPATH follows."""
     (group, *_) = ray_service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
-    (container,) = group["template"]["spec"]["containers"]
+    template = group["template"]
+    (container,) = template["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
     env = {k: v for k, v in env.items() if k not in _POD_ONLY_ENV}
     env["VLLM_HOST_IP"] = "127.0.0.1"
+    folders = []
+    for folder in env.pop("PYTHONPATH", "").split(":"):
+        if folder == kv_guard.MOUNT_PATH:
+            annotated = template.get("metadata", {}).get("annotations", {}).get(KV_GUARD_CODE)
+            if annotated != kv_guard.source_digest():
+                raise ValueError(f"the template's KV guard code ({annotated}) is not this package's: synthesize again")
+            folders.append(str(Path(kv_guard.__file__).parent))
+    folders.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
+    if folders:
+        env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(folders))
     return env
+
+
+def merged_env(*envs: dict[str, str]) -> dict[str, str]:
+    """Later envs win, except PYTHONPATH, whose folders are joined (first ones first)."""
+    merged: dict[str, str] = {}
+    for env in envs:
+        paths = [p for p in (merged.get("PYTHONPATH", ""), env.get("PYTHONPATH", "")) if p]
+        merged.update(env)
+        if paths:
+            merged["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(os.pathsep.join(paths).split(os.pathsep)))
+    return merged
 
 
 def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str | None = None) -> dict[str, Any]:
@@ -105,6 +135,7 @@ def colocated_control(
     (app,) = rehearsed["applications"]
     llm = copy.deepcopy(app["args"]["decode_config"])
     llm["engine_kwargs"].pop("kv_transfer_config")
+    llm.pop("runtime_env", None)  # the KV guard's engine class: without KV transfer, Ray's own
     llm["deployment_config"] = {"num_replicas": replicas}
     if placement is not None:
         llm["placement_group_config"] = copy.deepcopy(placement)

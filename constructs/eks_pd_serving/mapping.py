@@ -14,12 +14,15 @@ from . import versions
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import DeploymentConfig
+from .fault_tolerance import kv_guard
 from .k8s import (
     ApiKeysSpec,
     EngineSpec,
     GcsFaultToleranceSpec,
+    KvGuardSpec,
     KvTransferSpec,
     ModelSpec,
+    PodProgram,
     PodResources,
     RayAutoscalerSpec,
     RayServiceProps,
@@ -109,6 +112,29 @@ def kv_load_failure_policy(facts: ModelFacts | None) -> str:
     return "recompute" if facts is not None and facts.architecture == HYBRID else "fail"
 
 
+def kv_guard_spec(config: DeploymentConfig) -> KvGuardSpec | None:
+    if config.kv_pull_guard == "off":
+        return None
+    return KvGuardSpec(
+        mode=config.kv_pull_guard,
+        engine_cls=kv_guard.engine_cls(),
+        engine_cls_env=kv_guard.ENGINE_CLS_ENV,
+        mode_env=kv_guard.mode_env(),
+    )
+
+
+def kv_guard_program(config: DeploymentConfig) -> PodProgram:
+    """The guard's code, shipped in every configuration (``RayServiceProps.kv_guard_program``)."""
+    return PodProgram(
+        config_map=f"{config.ray_service_name}-kv-guard-code",
+        file_name=kv_guard.FILE_NAME,
+        source=kv_guard.source(),
+        digest=kv_guard.source_digest(),
+        mount_path=kv_guard.MOUNT_PATH,
+        annotation="eks-pd-serving/kv-guard-code",
+    )
+
+
 def worker_service_account(config: DeploymentConfig) -> str:
     """The Ray workers' service account, which EKS Pod Identity lets read the staged weights
     (weights_source=s3) and the API key secret (api_keys). In every configuration, so a setting
@@ -167,6 +193,7 @@ def ray_service_props(
             backend=config.kv_backend,
             buffer_device=config.kv_buffer_device,
             load_failure_policy=kv_load_failure_policy(facts),
+            guard=kv_guard_spec(config),
         ),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
@@ -178,5 +205,6 @@ def ray_service_props(
         worker_service_account=worker_service_account(config),
         aws_region=region(config) if aws_calls else None,
         api_keys=api_keys,
+        kv_guard_program=kv_guard_program(config),
         gcs_fault_tolerance=gcs_fault_tolerance,
     )

@@ -14,6 +14,7 @@ from support import API_KEYS_SECRET_ARN, build_stack, resources_of_type
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.endpoint import proxy
+from eks_pd_serving.fault_tolerance import kv_guard
 from eks_pd_serving.k8s.network import RAY_NODE_LABELS
 
 CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
@@ -71,13 +72,14 @@ def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: 
     for pod in _pods(service):
         env = _env(pod)
         assert env[proxy.CALLBACK_ENV] == "eks_pd_api_keys:middlewares"
-        assert env["PYTHONPATH"] == proxy.MOUNT_PATH
+        # The check's folder first; a GPU worker's PYTHONPATH also holds the KV guard's.
+        assert env["PYTHONPATH"] in (proxy.MOUNT_PATH, f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}")
         assert env[proxy.SECRET_ENV] == f"<{secret_id}>"  # the Ref, resolved when kubectl applies
         assert env[proxy.REFRESH_ENV] == "30" and env["AWS_REGION"] == "us-east-1"
         assert not {name for name in BYPASSES if env.get(name) == "1"}
         assert pod["metadata"]["annotations"][proxy_code_annotation()] == proxy.source_digest()
-    (config_map,) = [o for o in kubernetes_objects(internal) if o["kind"] == "ConfigMap"]
-    assert config_map["data"] == {"eks_pd_api_keys.py": proxy.source()}
+    maps = [o["data"] for o in kubernetes_objects(internal) if o["kind"] == "ConfigMap"]
+    assert {"eks_pd_api_keys.py": proxy.source()} in maps
     # Nothing the pods or Serve are given holds a key: the serve config has no key setting at all.
     assert "api_key" not in service["spec"]["serveConfigV2"].lower()
 

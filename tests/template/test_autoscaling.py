@@ -189,7 +189,7 @@ def test_the_ray_autoscaler_runs_and_worker_groups_have_the_node_bounds() -> Non
     assert bounds == {"prefill-workers": (0, 0, 2), "decode-workers": (1, 1, 2)}
     for group in cluster["workerGroupSpecs"]:
         annotations = group["template"]["metadata"]["annotations"]
-        assert annotations == {"cluster-autoscaler.kubernetes.io/safe-to-evict": "false"}
+        assert annotations["cluster-autoscaler.kubernetes.io/safe-to-evict"] == "false"
         assert "k8s.amazonaws.com/accelerator" not in group["template"]["spec"]["nodeSelector"]
 
 
@@ -198,7 +198,7 @@ def test_fixed_layout_has_no_ray_autoscaler() -> None:
     assert "enableInTreeAutoscaling" not in cluster and "autoscalerOptions" not in cluster
     (group,) = cluster["workerGroupSpecs"]
     assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 2
-    assert "metadata" not in group["template"]
+    assert "cluster-autoscaler.kubernetes.io/safe-to-evict" not in group["template"]["metadata"]["annotations"]
 
 
 # --- nodes and the Cluster Autoscaler ------------------------------------------------------------

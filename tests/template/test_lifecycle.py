@@ -29,6 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
     "gcs_ft_off": {"gcs_fault_tolerance": False},
     "api_keys": {"api_keys": True},
+    "kv_guard_off": {"kv_pull_guard": "off"},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
             "alarm_email": "ops@example.com"},
 }  # fmt: skip
@@ -220,6 +221,22 @@ def test_turning_keys_off_pruned_the_code_the_running_cluster_mounts() -> None:
         "ConfigMap/inference/ray-llm-api-keys-code leaves the cluster while the running RayService/inference/ray-llm's "
         "pods mount it"
     )
+
+
+def test_the_rule_fails_if_the_kv_guards_code_left_with_the_guard(variants: dict[str, StackModel]) -> None:
+    """The guard's ConfigMap is applied with the guard off as well: the workers built while it was
+    on mount it. Without it in the off template, turning the guard off strands their next pod."""
+    broken = json.loads(json.dumps(variants["kv_guard_off"].template))
+    (namespace,) = [k for k in broken["Resources"] if k.startswith("PdServingClusterRayServiceNamespaceChart")]
+    properties = broken["Resources"][namespace]["Properties"]
+    objects = json.loads(properties["Manifest"])
+    properties["Manifest"] = json.dumps([o for o in objects if o["metadata"]["name"] != "ray-llm-kv-guard-code"])
+    (finding,) = rules.old_pods_keep_what_they_mount(variants["default"], StackModel(broken))
+    assert finding.missing == (
+        "ConfigMap/inference/ray-llm-kv-guard-code leaves the cluster while the running RayService/inference/ray-llm's "
+        "pods mount it"
+    )
+    assert rules.old_pods_keep_what_they_mount(variants["default"], variants["kv_guard_off"]) == []
 
 
 def test_the_namespace_and_the_head_policy_went_with_or_before_the_ray_service() -> None:

@@ -11,12 +11,13 @@ from typing import Any
 
 import pytest
 from aws_cdk.assertions import Template
-from support import FIXTURES, build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
+from support import FIXTURES, ROOT, build_stack, cloudwatch_agent, log_filter_matches, resources_of_type
 
 from eks_pd_serving import observability as om
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects, resolve
 from eks_pd_serving.config import ConfigError, DeploymentConfig
+from rehearsal.probes import NIXL_FAILED
 
 CATALOGUE = json.loads((FIXTURES / "ray-metrics-catalogue.json").read_text())["families"]
 # "Amazon EKS and Kubernetes Container Insights with enhanced observability metrics" (CloudWatch
@@ -141,11 +142,12 @@ def test_the_ray_scraper_targets_the_ray_pods_metrics_port_and_keeps_only_charte
     charted = {m.name for m in om.RAY_METRICS}
     exported = set(CATALOGUE)
     assert {name for name in exported if re.fullmatch(keep["regex"], name)} == charted
+    assert re.fullmatch(keep["regex"], om.KV_FAILED_PULLS.name)  # exported only by a run with a failed pull
     assert not re.fullmatch(keep["regex"], "ray_vllm_time_to_first_token_seconds_bucket")
     prometheus = agent["config"]["logs"]["metrics_collected"]["prometheus"]
     assert prometheus["log_group_name"] == "/aws/containerinsights/ray-llm-multinode/prometheus"
     declared = {s.strip("^$") for d in prometheus["emf_processor"]["metric_declaration"] for s in d["metric_selectors"]}
-    assert declared == charted
+    assert declared == charted | {om.KV_FAILED_PULLS.name}
 
 
 def test_every_log_group_the_addon_writes_is_the_stacks_and_exists_before_it(observed: dict[str, Any]) -> None:
@@ -250,22 +252,22 @@ def test_the_ucx_filter_matches_the_rehearsals_ucx_line_and_not_a_libfabric_one(
     assert log_filter_matches('"Backend UCX was selected"', ucx_lines) == []
 
 
-def test_the_failed_pull_filter_counts_one_line_a_request_whose_kv_decode_could_not_pull(
+def test_the_failed_pull_alarm_watches_the_engines_counter_which_the_agent_publishes(
     observed: dict[str, Any],
 ) -> None:
+    """No log line counts a failed pull any more (an unauthenticated path could spell it): the
+    alarm reads the decode engine's own counter, under the name Ray's endpoint gave it on the GPU."""
     filters = resources_of_type(observed, "AWS::Logs::MetricFilter").values()
-    patterns = {
-        f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]["FilterPattern"] for f in filters
-    }
-    pattern = patterns[om.KV_PULL_FAILED_METRIC]
-    assert pattern == om.KV_PULL_FAILED_FILTER_PATTERN
-    # The engines' output while the fault rehearsal cut the KV link: two requests failed their pull,
-    # among NIXL's own error lines (a disconnect, a failed handshake) that must not count twice.
-    lines = (FIXTURES / "verify" / "worker-kv-pull-failed.log").read_text().splitlines()
-    selected = log_filter_matches(pattern, lines)
-    assert len(selected) == 2 and all("chatcmpl-" in line for line in selected)
-    assert len(lines) > 10
-    assert log_filter_matches('"Skipping KV post-processing for a failed request"', lines) == []
+    assert [f["Properties"]["FilterPattern"] for f in filters] == [om.UCX_FILTER_PATTERN]
+    agent = _ray_agent(observed)
+    declarations = agent["config"]["logs"]["metrics_collected"]["prometheus"]["emf_processor"]["metric_declaration"]
+    (declared,) = [d for d in declarations if d["dimensions"] == [["ClusterName"]]]
+    assert f"^{om.KV_FAILED_PULLS.name}$" in declared["metric_selectors"]
+    # The name the fault rehearsal read the count by, and what it read in the GPU KV-cut run.
+    assert (om.KV_FAILED_PULLS.name, None) == NIXL_FAILED
+    events = (ROOT / "docs/gpu-runs/2026-12-01/kv-link-cut/faults-gpu.events.jsonl").read_text().splitlines()
+    readings = [e["counters"]["nixl_failed_transfers"] for e in map(json.loads, events) if "counters" in e]
+    assert readings[0] == 0 and max(readings) > 0
 
 
 def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(observed: dict[str, Any]) -> None:
@@ -283,9 +285,10 @@ def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(obs
     (expression,) = [m for m in efa["Metrics"] if "Expression" in m]
     assert expression["Expression"] == "IF(served > 0 AND FILL(efa, 0) == 0, 1, 0)"
     (pulls,) = [a for k, a in alarms.items() if "KvPullFailed" in k]
-    assert (pulls["MetricName"], pulls["Namespace"]) == (om.KV_PULL_FAILED_METRIC, "EksPdServing/ray-llm-multinode")
+    assert (pulls["MetricName"], pulls["Namespace"]) == (om.KV_FAILED_PULLS.name, om.NAMESPACE)
+    assert pulls["Dimensions"] == [{"Name": "ClusterName", "Value": "ray-llm-multinode"}]
     assert (pulls["Threshold"], pulls["EvaluationPeriods"], pulls["TreatMissingData"]) == (1, 1, "notBreaching")
-    assert "vllm-project/vllm#52234" in pulls["AlarmDescription"]
+    assert pulls["Statistic"] == "Sum" and "kv_pull_guard" in pulls["AlarmDescription"]
 
 
 def test_alarm_email_adds_an_encrypted_topic_that_both_alarms_notify(observed: dict[str, Any]) -> None:

@@ -25,7 +25,7 @@ def default_service() -> dict[str, Any]:
 
 
 def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
-    namespace, workers, head, _code, service = render()
+    namespace, workers, head, _code, _guard, service = render()
     # The pods' service accounts exist in every configuration: a flipped setting never drops one
     # from the manifest (kubectl's prune would leave it in the cluster).
     assert [(a["kind"], a["metadata"]["name"]) for a in (workers, head)] == [
@@ -72,7 +72,6 @@ def test_each_engine_moves_kv_with_nixl_over_libfabric(default_service: dict[str
     assert engine["kv_transfer_config"] == {
         "kv_connector": "NixlConnector",
         "kv_role": role,
-        "engine_id": phase,
         "kv_buffer_device": "cuda",
         "kv_connector_extra_config": {"backends": ["LIBFABRIC"]},
         # Only decode loads KV; the default model is hybrid (vLLM's V1 runner): recompute.
@@ -139,8 +138,16 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert env["RAY_LOG_TO_STDERR"]["value"] == "1"  # engine lines in the pod log, not /tmp/ray files
     assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
-    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
-    assert spec["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}}]
+    # The KV guard's code, mounted whether the guard is on or off (RayServiceProps.kv_guard_program).
+    assert container["volumeMounts"] == [
+        {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "kv-guard-code", "mountPath": "/opt/eks-pd/kv-guard", "readOnly": True},
+    ]
+    assert spec["volumes"] == [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}},
+        {"name": "kv-guard-code", "configMap": {"name": "ray-llm-kv-guard-code"}},
+    ]
+    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard"
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:
@@ -233,3 +240,35 @@ def test_schema_check_fails_on_a_broken_manifest(
     broken = copy.deepcopy(default_service)
     breakage(broken)
     assert any(message in e for e in schema_errors(crd_schema, broken))
+
+
+# --- the KV guard ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["auto", "on", "off"])
+def test_decode_alone_builds_the_kv_guards_engine_and_every_worker_mounts_its_code(mode: str) -> None:
+    from eks_pd_serving.fault_tolerance import kv_guard
+
+    objects = render(kv_pull_guard=mode)
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    args = serve_args(service)
+    env = {"RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": mode}
+    assert args["decode_config"].get("runtime_env") == (None if mode == "off" else {"env_vars": env})
+    assert "runtime_env" not in args["prefill_config"]
+    # The code ships in every mode, beside the namespace (not in the RayService's manifest): turning
+    # the guard off or on then changes the serve config alone.
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and kv_guard.FILE_NAME in o["data"]]
+    assert config_map["data"][kv_guard.FILE_NAME] == kv_guard.source()
+    for group in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
+        template = group["template"]
+        assert template["metadata"]["annotations"]["eks-pd-serving/kv-guard-code"] == kv_guard.source_digest()
+        (container,) = template["spec"]["containers"]
+        assert kv_guard.MOUNT_PATH in {m["mountPath"] for m in container["volumeMounts"]}
+    head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert kv_guard.MOUNT_PATH not in {m["mountPath"] for m in head["volumeMounts"]}
+
+
+def test_no_engine_has_a_fixed_nixl_engine_id() -> None:
+    """A fixed id made a restarted prefill on the same pod the dead peer's namesake, which decode
+    kept; Ray's NIXL backend gives each start a fresh one when none is set."""
+    args = serve_args(ray_service())
+    for side in ("prefill_config", "decode_config"):
+        assert "engine_id" not in args[side]["engine_kwargs"]["kv_transfer_config"]

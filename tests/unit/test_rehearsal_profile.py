@@ -4,12 +4,14 @@ local profile, and its verdict fails when the KV evidence is missing."""
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import leaves
 
+from eks_pd_serving.fault_tolerance import kv_guard
 from rehearsal import profile, verdict
 
 
@@ -46,8 +48,24 @@ def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_f
     env = profile.worker_env(profile.ray_service_from_template(template_file))
     # RAY_LOG_TO_STDERR stays: the rehearsal shows the NIXL line where a pod's log would have it;
     # the region (the weights' S3 reads; AWS_DEFAULT_REGION is the one botocore reads) too.
+    # The KV guard's mount becomes the package's folder holding the same file.
+    guard = str(Path(kv_guard.__file__).parent)
+    assert env.pop("PYTHONPATH").split(os.pathsep)[0] == guard
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1", "RAY_LOG_TO_STDERR": "1",
                    "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+
+
+def test_worker_env_refuses_a_template_whose_kv_guard_code_is_not_this_packages(template_file: Path) -> None:
+    service = profile.ray_service_from_template(template_file)
+    (group, *_) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    group["template"]["metadata"]["annotations"][profile.KV_GUARD_CODE] = "0" * 16
+    with pytest.raises(ValueError, match="synthesize again"):
+        profile.worker_env(service)
+
+
+def test_merged_env_joins_pythonpath_and_lets_later_values_win() -> None:
+    merged = profile.merged_env({"PYTHONPATH": "/a", "X": "1"}, {"PYTHONPATH": "/b:/a", "X": "2"}, {})
+    assert merged == {"PYTHONPATH": os.pathsep.join(["/a", "/b"]), "X": "2"}
 
 
 def test_colocated_control_has_no_connector(template_file: Path) -> None:

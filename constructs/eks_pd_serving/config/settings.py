@@ -549,6 +549,17 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("None or NewCluster"),
     )
+    kv_pull_guard: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description=(
+            "Decode's guard against answers from KV that never arrived (docs/features/failures.md). From the "
+            "first failed KV pull, decode refuses every request without a first token with HTTP 503 and fails "
+            "its health check, so Serve replaces it. auto: on where the engine's vLLM is older than 0.30 (the "
+            "default image's 0.26 answers from unwritten KV), standing aside where vLLM handles a failed pull "
+            "itself, decided as each decode replica starts; on: always; off: Ray's own engine."
+        ),
+        json_schema_extra=_hint("auto, on or off"),
+    )
     kv_buffer_device: Literal["cuda", "cpu"] = Field(
         "cuda",
         description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing.",

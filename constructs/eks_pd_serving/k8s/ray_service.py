@@ -19,6 +19,7 @@ from .specs import (
     DASHBOARD_PORT,
     SERVE_PORT,
     GcsFaultToleranceSpec,
+    PodProgram,
     PodResources,
     RayAutoscalerSpec,
     RayServiceProps,
@@ -31,6 +32,7 @@ LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
 # deliberate RayCluster change (the proxies import it once, at start).
 API_KEYS_CODE = "eks-pd-serving/api-keys-code"
 _API_KEYS_VOLUME = "api-keys-code"
+_KV_GUARD_VOLUME = "kv-guard-code"
 # The GCS store's token reader (fault_tolerance/auth): its digest, for the same reason.
 GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
@@ -84,6 +86,14 @@ class RayNamespaceChart(cdk8s.Chart):
             metadata=cdk8s.ApiObjectMetadata(name=api_keys_config_map(props.name), namespace=props.namespace),
             data={proxy.FILE_NAME: proxy.source()},
         )
+        program = props.kv_guard_program
+        if program is not None:
+            kplus.ConfigMap(
+                self,
+                "KvGuardCode",
+                metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=props.namespace),
+                data={program.file_name: program.source},
+            )
 
 
 class RayServiceChart(cdk8s.Chart):
@@ -106,17 +116,36 @@ def api_keys_config_map(ray_service_name: str) -> str:
     return f"{ray_service_name}-api-keys-code"
 
 
-def _api_keys_env(props: RayServiceProps) -> list[dict[str, Any]]:
-    """Every Serve proxy (one per Ray pod) loads the check; none of this is a key."""
+def _api_keys_env(props: RayServiceProps, python_path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Every Serve proxy (one per Ray pod) loads the check; none of this is a key. ``python_path``:
+    the pod's other program folders, which share the one PYTHONPATH."""
     keys = props.api_keys
     if keys is None:
-        return []
+        return _python_path(python_path)
     return [
         {"name": proxy.CALLBACK_ENV, "value": proxy.CALLBACK},
-        {"name": "PYTHONPATH", "value": proxy.MOUNT_PATH},
+        *_python_path((proxy.MOUNT_PATH, *python_path)),
         {"name": proxy.SECRET_ENV, "value": keys.secret_arn},
         {"name": proxy.REFRESH_ENV, "value": str(keys.refresh_s)},
     ]
+
+
+def _python_path(folders: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{"name": "PYTHONPATH", "value": ":".join(folders)}] if folders else []
+
+
+def _with_program(program: PodProgram | None, volume: str, pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` with ``program``'s ConfigMap mounted and its digest annotated."""
+    if program is None:
+        return pod
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    container["volumeMounts"] = [
+        *container["volumeMounts"],
+        {"name": volume, "mountPath": program.mount_path, "readOnly": True},
+    ]
+    spec["volumes"] = [*spec["volumes"], {"name": volume, "configMap": {"name": program.config_map}}]
+    return _annotated(pod, program.annotation, program.digest)
 
 
 def _with_api_keys(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any]:
@@ -286,7 +315,8 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     if props.aws_region:
         # Ray's S3 mirror (boto3) signs for the regional endpoint, which the VPC's gateway endpoint serves.
         env.extend(_region_env(props.aws_region))
-    env.extend(_api_keys_env(props))
+    guard = props.kv_guard_program
+    env.extend(_api_keys_env(props, (guard.mount_path,) if guard else ()))
     low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {
         "groupName": group.name,
@@ -304,26 +334,32 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         template["metadata"] = {"annotations": {SAFE_TO_EVICT: "false"}}
     return {
         **spec,
-        "template": _with_api_keys(
-            props,
-            {
-                **template,
-                "spec": {
-                    **({"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}),
-                    "nodeSelector": group.node_selector,
-                    "containers": [
-                        {
-                            "name": "ray-worker",
-                            "image": props.image,
-                            "env": env,
-                            "resources": group.resources.as_k8s(),
-                            # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
-                            "securityContext": {"privileged": True},
-                            "volumeMounts": [_SHM_MOUNT],
-                        }
-                    ],
-                    "volumes": [_shm_volume(group.resources)],
+        "template": _with_program(
+            guard,
+            _KV_GUARD_VOLUME,
+            _with_api_keys(
+                props,
+                {
+                    **template,
+                    "spec": {
+                        **(
+                            {"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}
+                        ),
+                        "nodeSelector": group.node_selector,
+                        "containers": [
+                            {
+                                "name": "ray-worker",
+                                "image": props.image,
+                                "env": env,
+                                "resources": group.resources.as_k8s(),
+                                # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
+                                "securityContext": {"privileged": True},
+                                "volumeMounts": [_SHM_MOUNT],
+                            }
+                        ],
+                        "volumes": [_shm_volume(group.resources)],
+                    },
                 },
-            },
+            ),
         ),
     }

@@ -45,10 +45,12 @@ def deployment_config(engine: EngineSpec) -> dict[str, Any]:
 
 
 def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
+    # No engine_id: Ray's NIXL backend then gives each engine start a fresh one (a random suffix,
+    # host and port, engines/vllm/kv_transfer/nixl.py), so a restarted prefill is a new peer to
+    # decode. A fixed id made the replacement on the same pod the dead peer's namesake.
     config: dict[str, Any] = {
         "kv_connector": KV_CONNECTOR,
         "kv_role": _ROLES[phase],
-        "engine_id": phase,
         "kv_buffer_device": kv.buffer_device,
         "kv_connector_extra_config": {"backends": [kv.backend]},
     }
@@ -76,6 +78,10 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
+    if phase == "decode" and kv.guard is not None:
+        guard = kv.guard
+        # Ray Serve LLM applies an LLMConfig's runtime_env to its replica's actor (llm_server.py).
+        config["runtime_env"] = {"env_vars": {guard.engine_cls_env: guard.engine_cls, guard.mode_env: guard.mode}}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
         bundle = {"GPU": 1, engine.placement_resource: 1}

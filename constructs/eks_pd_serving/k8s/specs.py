@@ -66,6 +66,31 @@ class EngineSpec:
 
 
 @dataclass(frozen=True)
+class PodProgram:
+    """Python a Ray pod imports, as data: a ConfigMap holding ``file_name`` mounted read-only at
+    ``mount_path`` (on the pod's PYTHONPATH), and the source's digest as the pod annotation
+    ``annotation``, so new code changes the pod template on purpose."""
+
+    config_map: str
+    file_name: str
+    source: str
+    digest: str
+    mount_path: str
+    annotation: str
+
+
+@dataclass(frozen=True)
+class KvGuardSpec:
+    """Decode's KV guard: the engine class the decode replica builds (``engine_cls_env`` names it in
+    its ``runtime_env``) and the guard's mode (``mode_env``: auto or on)."""
+
+    mode: str
+    engine_cls: str
+    engine_cls_env: str
+    mode_env: str
+
+
+@dataclass(frozen=True)
 class KvTransferSpec:
     """How NIXL moves KV blocks from prefill to decode."""
 
@@ -75,6 +100,8 @@ class KvTransferSpec:
     # recompute the blocks it could not pull (a prefill replica gone); "fail" ends the request with
     # an error (vLLM 0.26.0's default). mapping.kv_load_failure_policy decides which.
     load_failure_policy: str = "fail"
+    # None: decode's engine is Ray's own (the guard off).
+    guard: KvGuardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -185,6 +212,9 @@ class RayServiceProps:
     api_keys: ApiKeysSpec | None = None
     # None: no GCS fault tolerance; a head that restarts rebuilds the whole Ray cluster.
     gcs_fault_tolerance: GcsFaultToleranceSpec | None = None
+    # The KV guard's code, mounted on every GPU worker whether the guard is on or off: turning it
+    # off or on is then a serve-config change alone, and no running pod loses what it mounts.
+    kv_guard_program: PodProgram | None = None
 
     @property
     def serve_service_name(self) -> str:

@@ -13,12 +13,12 @@ from .catalogue import (
     OTEL_SUFFIX,
     OTLP_METRICS,
     OTLP_SCRAPE_JOB,
-    RAY_METRICS,
     RAY_METRICS_PORT_NAME,
     RAY_SCRAPE_JOB,
     RAY_SCRAPER_AGENT,
     SCRAPE_INTERVAL_S,
     SCRAPE_METADATA,
+    SCRAPED_METRICS,
     SERVICE_ACCOUNT,
     log_group_names,
 )
@@ -91,11 +91,11 @@ def _ray_scrape_job(job_name: str, cluster_name: str, namespace: str, families: 
 
 
 def scrape_config(cluster_name: str, namespace: str) -> dict[str, Any]:
-    """Prometheus scrape configuration of the classic (EMF) path: the families in RAY_METRICS."""
+    """Prometheus scrape configuration of the classic (EMF) path: the families in SCRAPED_METRICS."""
     return {
         "global": {"scrape_interval": f"{SCRAPE_INTERVAL_S}s", "scrape_timeout": "10s"},
         "scrape_configs": [
-            _ray_scrape_job(RAY_SCRAPE_JOB, cluster_name, namespace, [metric.name for metric in RAY_METRICS])
+            _ray_scrape_job(RAY_SCRAPE_JOB, cluster_name, namespace, [metric.name for metric in SCRAPED_METRICS])
         ],
     }
 
@@ -104,8 +104,8 @@ def emf_declarations() -> list[dict[str, Any]]:
     """The agent's metric declarations: which scraped samples become CloudWatch metrics, with
     which dimensions (everything else stays in the log events only)."""
     declarations = []
-    for dimensions in sorted({metric.dimensions for metric in RAY_METRICS}):
-        names = [m.name for m in RAY_METRICS if m.dimensions == dimensions]
+    for dimensions in sorted({metric.dimensions for metric in SCRAPED_METRICS}):
+        names = [m.name for m in SCRAPED_METRICS if m.dimensions == dimensions]
         declarations.append(
             {
                 "source_labels": ["job"],

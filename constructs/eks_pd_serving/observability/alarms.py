@@ -3,9 +3,9 @@
 - ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
   treat as an error.
 - ``KvNotOverEfa``: requests finished while the GPU nodes' EFA byte counters stood still.
-- ``KvPullFailed``: a decode engine logged that it could not pull a request's KV. With the image's
-  vLLM 0.26 and a hybrid model (the default Qwen3.5) nothing else says so: that request is
-  answered with HTTP 200 from KV that was never written (docs/features/failures.md).
+- ``KvPullFailed``: a decode engine counted a failed KV pull (its own counter, which no request can
+  forge). The KV guard refuses the affected requests and Serve replaces the replica; the alarm says
+  it happened (docs/features/failures.md).
 
 Their resources are added under the scope given (the dashboard's), so their construct paths, and
 the logical ids CloudFormation knows them by, are those they always had.
@@ -77,7 +77,6 @@ def _log_line_alarm(
 @dataclass(frozen=True)
 class KvPathAlarms:
     ucx_filter: logs.MetricFilter
-    pull_failed_filter: logs.MetricFilter
     alarms: tuple[cw.Alarm, cw.Alarm, cw.Alarm]
     #: The SNS topic the alarms notify, with ``alarm_email``.
     topic: sns.Topic | None
@@ -123,17 +122,21 @@ def kv_path_alarms(
         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
     )
-    pull_failed_filter, pull_failed_alarm = _log_line_alarm(
+    pull_failed_alarm = cw.Alarm(
         scope,
-        ("KvPullFailedLines", "KvPullFailed"),
-        application_logs,
-        namespace,
-        (om.KV_PULL_FAILED_FILTER_PATTERN, om.KV_PULL_FAILED_METRIC),
-        f"{cluster_name}: a decode engine could not pull a request's KV cache from prefill "
-        f"('{om.KV_PULL_FAILED_LINE}'). With vLLM 0.26 and a hybrid model (Qwen3.5) that request "
-        "was answered from KV that was never written (HTTP 200, wrong text; vllm-project/vllm#52234), "
-        "and after a lost connection every later one is, until the decode replica is replaced; "
-        "with a dense model it failed. What to do: docs/features/failures.md.",
+        "KvPullFailed",
+        alarm_description=(
+            f"{cluster_name}: a decode engine counted a failed KV pull from prefill (vLLM's "
+            "nixl_num_failed_transfers). With the KV guard (kv_pull_guard, on for vLLM older than 0.30) the "
+            "requests without a first token were refused with HTTP 503 and Serve replaces that decode replica; "
+            "without it, vLLM 0.26 answers them from KV that was never written (HTTP 200, wrong text). "
+            "What to do: docs/features/failures.md."
+        ),
+        metric=cluster_total(om.NAMESPACE, om.KV_FAILED_PULLS.name, cluster_name, ALARM_PERIOD),
+        threshold=1,
+        evaluation_periods=1,
+        comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+        treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
     )
     alarms = (ucx_alarm, efa_alarm, pull_failed_alarm)
     topic: sns.Topic | None = None
@@ -146,4 +149,4 @@ def kv_path_alarms(
         for alarm in alarms:
             alarm.add_alarm_action(cw_actions.SnsAction(topic))
             alarm.add_ok_action(cw_actions.SnsAction(topic))
-    return KvPathAlarms(ucx_filter=ucx_filter, pull_failed_filter=pull_failed_filter, alarms=alarms, topic=topic)
+    return KvPathAlarms(ucx_filter=ucx_filter, alarms=alarms, topic=topic)

@@ -55,12 +55,9 @@ UCX_LINE: Final = NIXL_BACKEND_LINE.format("UCX")
 LIBFABRIC_LINE: Final = NIXL_BACKEND_LINE.format("LIBFABRIC")
 UCX_FILTER_PATTERN: Final = f'"{UCX_LINE}"'
 UCX_METRIC: Final = "NixlUcxBackendLines"
-# The line a decode engine's NIXL connector logs once for each request whose KV it could not pull
-# (vLLM 0.26.0 and 0.32.0 alike, NixlConnectorWorker.get_finished). Under vLLM 0.26 with a hybrid
-# model that request goes on to decode from KV that was never written (vllm-project/vllm#52234).
+# The line a decode engine's NIXL connector (vLLM 0.26) logs once for each request whose KV it
+# could not pull: what the fault rehearsal counts beside the engine's counter (KV_FAILED_PULLS).
 KV_PULL_FAILED_LINE: Final = "Skipping KV post-processing for failed request"
-KV_PULL_FAILED_FILTER_PATTERN: Final = f'"{KV_PULL_FAILED_LINE}"'
-KV_PULL_FAILED_METRIC: Final = "NixlFailedKvPulls"
 
 
 @dataclass(frozen=True)
@@ -90,6 +87,13 @@ RAY_METRICS: Final = (
     RayMetric("ray_vllm_request_success_total", "counter", ()),
     RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), 2),
 )
+# Failed NIXL pulls as the decode engine counts them (vLLM's ``vllm:nixl_num_failed_transfers``,
+# one a failed transfer): what the KvPullFailed alarm watches. Both recorded catalogues (runs with
+# no failed pull) lack it; the GPU KV-cut run of 2026-12-01 read it from Ray's endpoint, at 0 before
+# the cut, then 53 and 189 (docs/gpu-runs/2026-12-01/kv-link-cut/faults-gpu.events.jsonl).
+KV_FAILED_PULLS: Final = RayMetric("ray_vllm_nixl_num_failed_transfers_total", "counter", ())
+# What the agent scrapes and publishes: the charted families and the failed-pull counter.
+SCRAPED_METRICS: Final = (*RAY_METRICS, KV_FAILED_PULLS)
 # Decode's prompt tokens loaded from prefill (the KV cache that crossed the network).
 KV_TRANSFER_SOURCE: Final = "external_kv_transfer"
 # Finished requests: the alarm's "requests were served".
@@ -132,9 +136,9 @@ SCRAPE_METADATA: Final = (
 
 
 def custom_metric_count(metric_filters: int) -> int:
-    """CloudWatch metrics the stack publishes: each Ray metric's series (more replicas add none),
-    and one for each of the template's log metric filters (the UCX and failed-pull line counts)."""
-    return metric_filters + sum(metric.series for metric in RAY_METRICS)
+    """CloudWatch metrics the stack publishes: each scraped Ray metric's series (more replicas add
+    none), and one for each of the template's log metric filters (the UCX line count)."""
+    return metric_filters + sum(metric.series for metric in SCRAPED_METRICS)
 
 
 def log_group_names(cluster_name: str) -> dict[str, str]:

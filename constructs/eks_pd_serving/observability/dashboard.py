@@ -9,8 +9,8 @@
 - ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
   treat as an error.
 - ``KvNotOverEfa``: requests finished while the GPU nodes' EFA byte counters stood still.
-- ``KvPullFailed``: a decode engine could not pull a request's KV (under vLLM 0.26 and a hybrid
-  model, that answer is wrong and nothing else says so).
+- ``KvPullFailed``: a decode engine counted a failed KV pull (the KV guard refused what it
+  affected; Serve replaces that replica).
 
 The alarms notify an SNS topic when ``alarm_email`` is given.
 """
@@ -99,7 +99,6 @@ class ServingDashboard(Construct):
 
         kv = kv_path_alarms(self, cluster_name=cluster_name, application_logs=application_logs, alarm_email=alarm_email)
         self.ucx_filter = kv.ucx_filter
-        self.pull_failed_filter = kv.pull_failed_filter
         self.ucx_alarm, self.efa_alarm, self.pull_failed_alarm = kv.alarms
         self.alarms = kv.alarms
         self.topic = kv.topic

@@ -1,0 +1,69 @@
+"""Decode's KV guard (``eks_pd_kv_guard``, pod-side) and how it ships: its source goes into a
+ConfigMap mounted on every GPU worker, on the pods' PYTHONPATH, and the decode replica's
+``runtime_env`` names its engine class. The pod module imports Ray; its names are read here from
+its text, so the package does not need Ray."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+from functools import cache
+from pathlib import Path
+
+MODULE = "eks_pd_kv_guard"
+FILE_NAME = f"{MODULE}.py"
+MOUNT_PATH = "/opt/eks-pd/kv-guard"
+# Ray Serve LLM 2.58 (core/server/llm_server.py): the engine class a replica builds, by import path.
+ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
+
+
+def source() -> str:
+    """The module's text, exactly as the pods import it."""
+    return (Path(__file__).parent / FILE_NAME).read_text()
+
+
+def source_digest() -> str:
+    """Short digest of the source: a pod annotation, so new code restarts the workers on purpose."""
+    return hashlib.sha256(source().encode()).hexdigest()[:16]
+
+
+@cache
+def _constant(name: str) -> object:
+    for node in ast.parse(source()).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise LookupError(f"{FILE_NAME} defines no {name}")
+
+
+def engine_cls() -> str:
+    return str(_constant("ENGINE_CLS"))
+
+
+def mode_env() -> str:
+    return str(_constant("MODE_ENV"))
+
+
+def modes() -> tuple[str, ...]:
+    return tuple(str(m) for m in _constant("MODES"))  # type: ignore[attr-defined]
+
+
+def lines() -> dict[str, str]:
+    """The lines the guard logs, by what they say: on, stands aside, tripped."""
+    return {
+        key: str(_constant(name))
+        for key, name in (("on", "ON_LINE"), ("aside", "ASIDE_LINE"), ("tripped", "TRIPPED_LINE"))
+    }
+
+
+__all__ = [
+    "ENGINE_CLS_ENV",
+    "FILE_NAME",
+    "MODULE",
+    "MOUNT_PATH",
+    "engine_cls",
+    "lines",
+    "mode_env",
+    "modes",
+    "source",
+    "source_digest",
+]
