@@ -331,20 +331,30 @@ def _replace_decode() -> list[str]:
     return list(json.loads(line.removeprefix(runbook.REPLACED_LINE)))
 
 
-def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0) -> None:
-    """Inject, wait (bounded) until two requests started after the fault completed, keep the
-    load ``hold_s`` longer; the events file records when."""
+def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0, settle_s: float = 0.0) -> None:
+    """Inject, wait (bounded) until it serves again (``_serving_again``, counting only requests
+    started ``settle_s`` or more after the fault), keep the load ``hold_s`` longer; the events
+    file records when."""
     time.sleep(3.0)  # steady load first
     at = time.time()
     killed = inject()
     load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s})
     log(f"== fault {name}: killed {killed}")
     while time.time() - at < bound_s:
-        if len([o for o in load.since(at) if o.started > at and o.complete]) >= 2:
+        if _serving_again(load.since(at), at + settle_s) is not None:
             break
         time.sleep(0.5)
     time.sleep(2.0 + hold_s)
     load.events.write({"type": "fault_end", "name": name, "at": time.time()})
+
+
+def _serving_again(outcomes: list[Outcome], after: float) -> float | None:
+    """When the second complete request started after ``after`` and after the last failed one
+    ended, or None: a request that completed before the fault showed itself is no recovery."""
+    failed = [o.ended for o in outcomes if not o.complete]
+    since = max([after, *failed])
+    good = sorted(o.ended for o in outcomes if o.started > since and o.complete)
+    return good[1] if len(good) >= 2 else None
 
 
 def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
@@ -370,8 +380,8 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
         ]
         at = cut[0] if cut else fault["at"]
         window = [o for o in outcomes if o.ended >= at and o.started < until]
-        good = sorted(o.ended for o in window if o.started > at and o.complete)
-        recovered_s = good[1] - at if len(good) >= 2 and good[1] - at <= bound_s + 5 else None
+        serving = _serving_again(window, at)
+        recovered_s = serving - at if serving is not None and serving - at <= bound_s + 5 else None
         affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]
         completed = [o for o in window if o.complete]
         restarted = next((e["at"] for e in events if e["type"] == "gcs_restarted" and at <= e["at"] < until), None)
@@ -411,8 +421,12 @@ def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> d
         return {}
     cut, healed, end = (link.get(k, {}).get("counters") for k in ("cut", "healed", "end"))
 
+    def by_replica(reading: dict[str, Any]) -> dict[str, dict[str, float]]:
+        # Runs recorded before 2026-12-03 summed every replica into one reading.
+        return {"": reading} if all(isinstance(v, (int, float)) for v in reading.values()) else reading
+
     def moved(key: str, start: dict[str, Any] | None, stop: dict[str, Any] | None) -> float | None:
-        return None if start is None or stop is None else counted_since(key, start, stop)
+        return None if start is None or stop is None else counted_since(key, by_replica(start), by_replica(stop))
 
     return {
         "kv_connections_cut": link["cut"]["connections"],
@@ -423,7 +437,7 @@ def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> d
         "kv_transfers_after_heal": moved("nixl_transfers", healed, end),
         "kv_external_tokens_after_heal": moved("external_kv_tokens", healed, end),
         # Engine replicas exporting at the end that were not at the cut: Serve replaced them.
-        "kv_replicas_new_at_end": sorted(set(end or {}) - set(cut or {})),
+        "kv_replicas_new_at_end": sorted(set(by_replica(end or {})) - set(by_replica(cut or {}))),
     }
 
 
@@ -575,14 +589,19 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
                 http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
     """The colocated control's answers (the reference), then the PD app's before any fault, then
     the faults in order under the clients' load."""
-    control = profile.colocated_control(rehearsed, placement=None if args.gpu else profile.LOCAL_PLACEMENT)
-    deploy(build(control), http_port, args.timeout_s)
-    reference = _answers(endpoint, "the colocated control")
-    undeploy(control)
+    reference = None
+    if not args.no_control:
+        control = profile.colocated_control(rehearsed, placement=None if args.gpu else profile.LOCAL_PLACEMENT)
+        deploy(build(control), http_port, args.timeout_s)
+        reference = _answers(endpoint, "the colocated control")
+        undeploy(control)
     events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
     (app,) = rehearsed["applications"]
     kv = app["args"]["decode_config"]["engine_kwargs"]["kv_transfer_config"]
-    events.write({"type": "expected", "control": reference, "pd": _answers(endpoint, "the PD app"),
+    own = _answers(endpoint, "the PD app")
+    # Without the control, the PD app's own answers are the only right ones (a guarded decode
+    # never recomputes: it refuses).
+    events.write({"type": "expected", "control": reference or own, "pd": own,
                   "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail")})  # fmt: skip
     with Load(endpoint, events, args.streams) as load:
         for key, name, title in (("decode", "decode replica killed", "ServeReplica:pd-openai:Decode"),
@@ -594,7 +613,7 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             link.install()
             # Held past the heal: the link must carry KV again, not only decode recompute.
             _fault(load, "KV link cut", lambda: _cut_kv_link(link, endpoint, run_id, events), args.recovery_bound_s,
-                   hold_s=KV_CUT_S + 20.0)  # fmt: skip
+                   hold_s=KV_CUT_S + 20.0, settle_s=KV_CUT_S)  # fmt: skip
             events.write({"type": "kv_link", "event": "end", "at": time.time(),
                           "counters": engine_counters_by_replica(endpoint.metrics_url)})  # fmt: skip
             link.remove()
@@ -635,6 +654,7 @@ class Output:
 
     def __init__(self, child: subprocess.Popen[str]) -> None:
         self.pull_failed_lines = 0
+        self.guard_lines = dict.fromkeys(kv_guard.lines(), 0)  # where Serve logs to stderr (GPU runs)
         self._thread = threading.Thread(target=self._read, args=(child,), daemon=True)
         self._thread.start()
 
@@ -643,6 +663,8 @@ class Output:
         for line in child.stdout:
             sys.stdout.write(line)
             self.pull_failed_lines += om.KV_PULL_FAILED_LINE in line
+            for what, phrase in kv_guard.lines().items():
+                self.guard_lines[what] += f"{phrase}:" in line
 
     def join(self) -> None:
         self._thread.join(timeout=30)
@@ -667,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
         "--gpu", action="store_true", help="on NVIDIA GPUs with the image's stack (Ray 2.58, vLLM 0.26)"
     )
     parser.add_argument("--streams", type=int, default=STREAMS, help=f"concurrent clients ({STREAMS})")
+    parser.add_argument(
+        "--no-control", action="store_true", help="skip the colocated control (saves an engine start on a GPU)"
+    )
     parser.add_argument("--faults", type=_faults, default=FAULTS, help=f"comma-separated, of {','.join(FAULTS)} (all)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
@@ -691,7 +716,7 @@ def main(argv: list[str] | None = None) -> int:
                "--template", str(args.template), "--checkpoint", str(args.checkpoint),
                "--timeout-s", str(args.timeout_s), "--recovery-bound-s", str(args.recovery_bound_s),
                "--faults", ",".join(args.faults), "--kv-chain", link.chain, "--streams", str(args.streams),
-               *(["--gpu"] if args.gpu else [])]  # fmt: skip
+               *(["--gpu"] if args.gpu else []), *(["--no-control"] if args.no_control else [])]  # fmt: skip
     bound_s = 2 * args.timeout_s + len(args.faults) * (args.recovery_bound_s + 100) + 300  # two deploys
     child = subprocess.Popen(command, env={**os.environ, MARKER: run_id}, start_new_session=True, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, errors="replace")  # fmt: skip
@@ -720,7 +745,8 @@ def main(argv: list[str] | None = None) -> int:
     output.join()
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
-    report["kv_guard"] = next((e["lines"] for e in events if e["type"] == "kv_guard"), None)
+    logged = next((e["lines"] for e in events if e["type"] == "kv_guard"), {})
+    report["kv_guard"] = {k: max(v, logged.get(k, 0)) for k, v in output.guard_lines.items()}
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(
@@ -746,15 +772,17 @@ def holds(report: dict[str, Any]) -> bool:
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
     ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
     for kv in (f for f in faults if "kv_cut_s" in f):
-        ok = ok and (kv["kv_failed_transfers_while_cut"] or 0) > 0 and (kv["kv_transfers_after_heal"] or 0) > 0
-        ok = ok and report["kv_pull_failed_lines"] > 0  # the engine logged its failed pulls
+        pulls_failed = (kv["kv_failed_transfers_while_cut"] or 0) > 0
+        # The cut reached the KV path: pulls failed, or (an engine that died of it) requests did.
+        ok = ok and (pulls_failed or kv["requests_failed"] > 0) and (kv["kv_transfers_after_heal"] or 0) > 0
         guard = report.get("kv_guard") or {}
         if guard.get("on"):
-            # A guarded decode trips at the first failed pull, every failure is its retryable 503,
-            # and Serve replaced the decode replica (the new one pulled KV after the heal).
-            ok = ok and guard["tripped"] > 0 and bool(kv["kv_replicas_new_at_end"])
-            ok = ok and all(kind.startswith("HTTP 503") for kind in kv["failures"])
+            # A guarded decode trips at the first failed pull it counts, and whatever failed, Serve
+            # replaced the decode replica (the new one pulled KV after the heal).
+            ok = ok and (not pulls_failed or guard["tripped"] > 0)
+            ok = ok and (kv["requests_failed"] == 0 or bool(kv["kv_replicas_new_at_end"]))
         else:
+            ok = ok and report["kv_pull_failed_lines"] > 0  # the engine logged its failed pulls
             ok = ok and (report["kv_load_failure_policy"] != "recompute" or kv["requests_failed"] == 0)
     if report["gcs_fault_tolerance"] and "gcs" in report["faults_chosen"]:
         gcs = faults[-1] if faults else {}
