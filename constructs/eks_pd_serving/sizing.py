@@ -255,7 +255,10 @@ def size(
     # An FP8 checkpoint is stored as online FP8 would store it: the same bytes and engine peaks.
     quantization = "fp8" if model.checkpoint_quantization == "fp8" else quantization
     weight_bytes = _weight_bytes(model, params, dtype_bytes, fp8=quantization == "fp8") // tp
-    encoder = model.encoder_profile_peak_gib if multimodal else 0.0
+    # Profiling the vision encoder (one maximum-size video) peaks on its own, whatever max_num_seqs:
+    # 1.92 GiB at 15 sequences as at 256 (docs/gpu-runs/2026-12-03/emulate-default-template), so the
+    # engine's peak is the larger of the two profiling runs, not their sum.
+    encoder = model.activation_peak_gib + model.encoder_profile_peak_gib if multimodal else 0.0
     per_token_layer = attention_bytes_per_token_per_layer(model, dtype_bytes, tp)
     if model.hybrid:
         mamba_page = mamba_bytes_per_layer(model, dtype_bytes, tp)
@@ -268,7 +271,7 @@ def size(
         block_tokens, group, attention_groups, linear_groups = DENSE_BLOCK_TOKENS, model.num_layers, 1, 0
 
     def sized(seqs: int, setting: int | None) -> Sizing:
-        activation = activation_gib(model, quantization, enforce_eager, seqs) + encoder
+        activation = max(activation_gib(model, quantization, enforce_eager, seqs), encoder)
         return Sizing(
             gpu_bytes=gpu_bytes,
             usable_bytes=int(gpu_bytes * gpu_memory_utilization),

@@ -40,8 +40,9 @@ class ModelFacts:
     # The Gated DeltaNet state's dtype when config.json names one (``mamba_ssm_dtype``); vLLM
     # 0.26 keeps the state in it, else in the model's dtype.
     mamba_ssm_dtype: str | None = None
-    # Measured by vLLM's profiling run (enforce_eager, max_num_batched_tokens 2048): the torch
-    # activation peak of the text model, and what profiling the vision encoder adds.
+    # Measured by vLLM's profiling run (enforce_eager, max_num_batched_tokens 2048, 256 sequences):
+    # the torch activation peak of the text model, and how far profiling the vision encoder
+    # lifts it (that run's peak does not shrink with max_num_seqs: sizing takes the larger).
     activation_peak_gib: float = 1.0
     vision_params: float = 0.0  # the vision tower, loaded unless language_model_only
     encoder_profile_peak_gib: float = 0.0
