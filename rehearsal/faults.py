@@ -553,6 +553,9 @@ def _child(args: argparse.Namespace) -> int:
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
     for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY"))]:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
+    # Serve's replica lines on stderr too (its log files buffer them): the parent counts the KV
+    # guard's from the child's output, as a pod's log would show them.
+    env["RAY_SERVE_LOG_TO_STDERR"] = "1"
     if "kv" in args.faults:
         env.update(KV_UCX_ENV)
         if args.gpu:
