@@ -152,7 +152,9 @@ def head_service_account(config: DeploymentConfig) -> str:
 def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> ApiKeysSpec | None:
     if secret_arn is None:
         return None
-    return ApiKeysSpec(secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s)
+    return ApiKeysSpec(
+        secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s, max_stale_s=config.api_keys_max_stale_s
+    )
 
 
 def gcs_store_props(config: DeploymentConfig) -> dict[str, Any]:

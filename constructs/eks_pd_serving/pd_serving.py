@@ -258,6 +258,7 @@ class PdServing(Construct):
             application_logs=self.observability.log_groups["application"],
             nat_gateway_ids=nat_gateway_ids,
             alarm_email=config.alarm_email,
+            api_keys=config.api_keys_on,
         )
 
     def _expose(self, config: DeploymentConfig) -> None:

@@ -76,6 +76,7 @@ def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: 
         assert env["PYTHONPATH"] in (proxy.MOUNT_PATH, f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}")
         assert env[proxy.SECRET_ENV] == f"<{secret_id}>"  # the Ref, resolved when kubectl applies
         assert env[proxy.REFRESH_ENV] == "30" and env["AWS_REGION"] == "us-east-1"
+        assert env[proxy.MAX_STALE_ENV] == "300"  # revoked keys die within this while reads fail
         assert not {name for name in BYPASSES if env.get(name) == "1"}
         assert pod["metadata"]["annotations"][proxy_code_annotation()] == proxy.source_digest()
     maps = [o["data"] for o in kubernetes_objects(internal) if o["kind"] == "ConfigMap"]
@@ -219,3 +220,31 @@ def test_every_pod_the_serve_port_admits_clients_to_checks_keys(internal: dict[s
     assert opened_8000 and all(p["spec"]["podSelector"]["matchLabels"] == RAY_NODE_LABELS for p in opened_8000)
     # KubeRay labels every pod of every group with RAY_NODE_LABELS; each group's pods load the check.
     assert all(_env(pod)[proxy.CALLBACK_ENV] == proxy.CALLBACK for pod in _pods(_ray_service(internal)))
+
+
+def test_failed_key_reads_alarm_only_with_keys_on(internal: dict[str, Any], template: Template) -> None:
+    from support import log_filter_matches
+
+    from eks_pd_serving import observability as om
+
+    filters = {
+        f["Properties"]["MetricTransformations"][0]["MetricName"]: f["Properties"]["FilterPattern"]
+        for f in resources_of_type(internal, "AWS::Logs::MetricFilter").values()
+    }
+    pattern = filters[om.API_KEYS_UNREAD_METRIC]
+    alarms = [
+        a["Properties"]
+        for k, a in resources_of_type(internal, "AWS::CloudWatch::Alarm").items()
+        if "ApiKeysUnread" in k
+    ]
+    (alarm,) = alarms
+    assert (alarm["MetricName"], alarm["Threshold"], alarm["Period"]) == (om.API_KEYS_UNREAD_METRIC, 3, 300)
+    # The line the check logs for a failed read, and not its other lines.
+    lines = [
+        "WARNING ray.serve -- API keys not read (ConnectionError: no route); the 1 held served for 30 s more",
+        "WARNING ray.serve -- API key entry dropped: the key of 'typo' is not a string of 32 or more",
+        "INFO 2026-12-03 ray.serve -- api_key refused GET /API%20keys%20not%20read: no key",
+    ]
+    assert log_filter_matches(pattern, lines) == lines[:1]
+    default = dict(template.to_json())
+    assert not [k for k in resources_of_type(default, "AWS::CloudWatch::Alarm") if "ApiKeysUnread" in k]

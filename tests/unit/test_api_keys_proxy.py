@@ -167,15 +167,62 @@ def _eventually(condition: Any, within_s: float = 5.0) -> bool:
     return False
 
 
-def test_a_failed_read_keeps_the_keys_in_hand(caplog: pytest.LogCaptureFixture) -> None:
-    secret = {"value": SECRET}
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_failed_read_keeps_the_keys_in_hand_until_max_stale_then_refuses_every_key(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def unreadable() -> str:
+        raise ConnectionError("no route to Secrets Manager")
+
+    secret, clock = {"read": lambda: SECRET}, Clock()
+    store = keys.KeyStore(lambda: secret["read"](), refresh_s=30, max_stale_s=300, clock=clock)
+    assert store.refresh()
+    secret["read"] = unreadable
+    with caplog.at_level(logging.WARNING, logger="ray.serve"):
+        for _ in range(9):
+            clock.now += 30
+            assert not store.refresh()
+    assert store.identify(KEY_A) == "app-a"  # 270 s after the last good read
+    assert (
+        "API keys not read (ConnectionError: no route to Secrets Manager); the 1 held served for 30 s more"
+        in caplog.text
+    )
+    clock.now += 31
+    response, engine = call(store, "/v1/models", KEY_A, method="GET")
+    assert (response.status_code, engine.paths) == (503, [])
+    assert response.json()["error"]["message"] == keys.STALE.format(300)
+    # The first good read serves again.
+    secret["read"] = lambda: SECRET
+    assert store.refresh() and store.identify(KEY_A) == "app-a"
+
+
+def test_a_revoked_key_dies_at_the_next_read_even_when_the_write_holds_a_bad_entry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The attack that held before: revoke app-a and, in the same write, add a too-short key. The
+    whole secret was refused and app-a stayed valid without limit."""
+    secret = {"value": json.dumps({"app-a": KEY_A, "app-b": KEY_B})}
     store = keys.KeyStore(lambda: secret["value"])
     assert store.refresh()
-    secret["value"] = json.dumps({"app-a": "short"})
+    secret["value"] = json.dumps({"app-b": KEY_B, "typo": "short"})
     with caplog.at_level(logging.WARNING, logger="ray.serve"):
-        assert not store.refresh()
-    assert store.identify(KEY_A) == "app-a"
-    assert "keeping the 1 held" in caplog.text
+        assert store.refresh()
+    assert store.identify(KEY_A) is None and store.identify(KEY_B) == "app-b"
+    assert f"{keys.DROPPED_LINE}: the key of 'typo' is not a string of 32 or more characters" in caplog.text
+    assert "short" not in caplog.text.replace("'typo'", "")
+
+
+def test_the_unread_line_is_the_one_the_alarm_counts() -> None:
+    from eks_pd_serving.observability import catalogue
+
+    assert keys.UNREAD_LINE == catalogue.API_KEYS_UNREAD_LINE
 
 
 def test_before_any_key_is_read_requests_get_503_not_through() -> None:
@@ -189,22 +236,32 @@ def test_before_any_key_is_read_requests_get_503_not_through() -> None:
     assert response.json()["error"]["code"] == "api_keys_unavailable"
 
 
+@pytest.mark.parametrize(("secret", "complaint"), [("not json", "not JSON"), ("[]", "JSON object")])
+def test_a_secret_that_is_not_an_object_is_no_read_at_all(secret: str, complaint: str) -> None:
+    with pytest.raises(ValueError, match=complaint):
+        keys.parse_keys(secret)
+
+
 @pytest.mark.parametrize(
-    ("secret", "complaint"),
+    ("entries", "complaint"),
     [
-        ("not json", "not JSON"),
-        ("[]", "JSON object"),
-        ("{}", "at least one key"),
-        (json.dumps({"bad id!": KEY_A}), "key id"),
-        (json.dumps({"app": "short-key"}), "32 or more"),
-        (json.dumps({"app": KEY_A[:20] + " " + KEY_A[:20]}), "32 or more"),
-        (json.dumps({"one": KEY_A, "two": KEY_A}), "same key"),
+        ({"bad id!": KEY_A}, "an entry's id (7 characters) is not 1-64 letters"),
+        ({"app": "short-key"}, "the key of 'app' is not a string of 32 or more"),
+        ({"app": KEY_A[:20] + " " + KEY_A[:20]}, "the key of 'app' is not a string of 32 or more"),
+        ({"one": KEY_B, "two": KEY_B}, "'two' holds the same key as 'one'"),
     ],
 )
-def test_a_malformed_secret_is_refused_without_echoing_a_key(secret: str, complaint: str) -> None:
-    with pytest.raises(ValueError, match=complaint) as raised:
-        keys.parse_keys(secret)
-    assert KEY_A not in str(raised.value) and "short-key" not in str(raised.value)
+def test_a_bad_entry_is_dropped_by_its_id_and_the_rest_apply(entries: dict[str, str], complaint: str) -> None:
+    digests, dropped = keys.parse_keys(json.dumps({"good": KEY_A, **entries}))
+    assert "good" in digests.values() and len(dropped) == 1
+    assert dropped[0].startswith(complaint), dropped
+    assert KEY_A not in dropped[0] and KEY_B not in dropped[0] and "short-key" not in dropped[0]
+
+
+def test_an_empty_object_is_a_read_of_no_keys_every_request_refused() -> None:
+    store = store_of("{}")
+    response, engine = call(store, "/v1/models", KEY_A, method="GET")
+    assert (response.status_code, engine.paths) == (401, [])
 
 
 def test_a_websocket_without_a_key_is_closed_before_accept() -> None:

@@ -89,6 +89,12 @@ def _check_api_keys(config: Settings) -> None:
             raise ValueError(
                 f"{key}={arn!r} is in {arn.split(':')[3]}, not region={region!r}. Fix: use one in {region}"
             )
+    if config.api_keys_max_stale_s < 2 * config.api_keys_refresh_s:
+        raise ValueError(
+            f"api_keys_max_stale_s={config.api_keys_max_stale_s} is under two reads at "
+            f"api_keys_refresh_s={config.api_keys_refresh_s}: one late read would refuse every key. Fix: set "
+            f"api_keys_max_stale_s to {2 * config.api_keys_refresh_s} or more"
+        )
     if config.api_keys_secret_arn and not derived.api_keys_on(config):
         raise ValueError(
             f"api_keys_secret_arn={config.api_keys_secret_arn!r} is unused with api_keys off. Fix: set "

@@ -503,6 +503,19 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("a whole number of seconds from 5 to 3600"),
     )
+    api_keys_max_stale_s: int = Field(
+        300,
+        ge=10,
+        le=86400,
+        description=(
+            "Longest a proxy serves the keys it last read while reads of the secret fail (Secrets Manager or "
+            "its credentials unreachable); after it every request gets 503 until a read succeeds. The bound on "
+            "how long a revoked key can outlive its removal. Default 300 s: ten reads at the default refresh, "
+            "longer than a credential refresh or a brief regional blip, short enough for a revoked key. At "
+            "least twice api_keys_refresh_s."
+        ),
+        json_schema_extra=_hint("a whole number of seconds, at least twice api_keys_refresh_s"),
+    )
     tls_certificate_arn: str | None = Field(
         None,
         description=(

@@ -127,6 +127,7 @@ def _api_keys_env(props: RayServiceProps, python_path: tuple[str, ...] = ()) -> 
         *_python_path((proxy.MOUNT_PATH, *python_path)),
         {"name": proxy.SECRET_ENV, "value": keys.secret_arn},
         {"name": proxy.REFRESH_ENV, "value": str(keys.refresh_s)},
+        {"name": proxy.MAX_STALE_ENV, "value": str(keys.max_stale_s)},
     ]
 
 

@@ -168,6 +168,8 @@ class ApiKeysSpec:
     secret_arn: str
     #: Seconds between reads of the secret: a key added or removed takes effect within this.
     refresh_s: int
+    #: Keys last read longer ago than this are not served (503 until a read succeeds).
+    max_stale_s: int = 300
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The three alarms that watch the KV path, and the topic they notify.
+"""The three alarms that watch the KV path, the one that watches the API key reads, and the topic
+they notify.
 
 - ``UcxFallback``: the worker logs said NIXL chose UCX (TCP), i.e. no EFA, which NIXL does not
   treat as an error.
@@ -48,9 +49,10 @@ def _log_line_alarm(
     namespace: str,
     counted: tuple[str, str],
     description: str,
+    threshold: int = 1,
 ) -> tuple[logs.MetricFilter, cw.Alarm]:
     """A metric filter counting a log line (``counted``: its filter pattern and metric name) and
-    an alarm on one such line in ``ALARM_PERIOD``; ``ids``: the filter's and the alarm's."""
+    an alarm on ``threshold`` such lines in ``ALARM_PERIOD``; ``ids``: the filter's and the alarm's."""
     pattern, metric_name = counted
     metric_filter = logs.MetricFilter(
         scope,
@@ -66,7 +68,7 @@ def _log_line_alarm(
         ids[1],
         alarm_description=description,
         metric=metric_filter.metric(statistic="Sum", period=ALARM_PERIOD),
-        threshold=1,
+        threshold=threshold,
         evaluation_periods=1,
         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
@@ -77,18 +79,26 @@ def _log_line_alarm(
 @dataclass(frozen=True)
 class KvPathAlarms:
     ucx_filter: logs.MetricFilter
-    alarms: tuple[cw.Alarm, cw.Alarm, cw.Alarm]
+    # UcxFallback, KvNotOverEfa, KvPullFailed, then ApiKeysUnread with API keys.
+    alarms: tuple[cw.Alarm, ...]
     #: The SNS topic the alarms notify, with ``alarm_email``.
     topic: sns.Topic | None
 
 
 def kv_path_alarms(
-    scope: Construct, *, cluster_name: str, application_logs: logs.ILogGroup, alarm_email: str | None = None
+    scope: Construct,
+    *,
+    cluster_name: str,
+    application_logs: logs.ILogGroup,
+    alarm_email: str | None = None,
+    api_keys: bool = False,
 ) -> KvPathAlarms:
     """:param scope: where the alarms' resources go.
     :param cluster_name: the cluster's name (every metric's ClusterName).
-    :param application_logs: the add-on's container log group (where the UCX and failed-pull lines are counted).
+    :param application_logs: the add-on's container log group (where the UCX line is counted).
     :param alarm_email: an address the alarms notify (SNS, KMS-encrypted). Default: none.
+    :param api_keys: the proxies check API keys: also alarm when they fail to read the key secret
+        (``ApiKeysUnread``). Default: off.
     """
     namespace = f"{om.NAMESPACE}/{cluster_name}"
     ucx_filter, ucx_alarm = _log_line_alarm(
@@ -138,7 +148,20 @@ def kv_path_alarms(
         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
         treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
     )
-    alarms = (ucx_alarm, efa_alarm, pull_failed_alarm)
+    alarms: tuple[cw.Alarm, ...] = (ucx_alarm, efa_alarm, pull_failed_alarm)
+    if api_keys:
+        _, unread_alarm = _log_line_alarm(
+            scope,
+            ("ApiKeysUnreadLines", "ApiKeysUnread"),
+            application_logs,
+            namespace,
+            (om.API_KEYS_UNREAD_FILTER_PATTERN, om.API_KEYS_UNREAD_METRIC),
+            f"{cluster_name}: Serve proxies could not read the API key secret ('{om.API_KEYS_UNREAD_LINE}'). They "
+            "serve the keys last read until api_keys_max_stale_s after the last good read, then answer 503 to "
+            "every request. Check the secret, its KMS key and the pods' Pod Identity (docs/features/api-keys.md).",
+            threshold=om.API_KEYS_UNREAD_ALARM_READS,
+        )
+        alarms = (*alarms, unread_alarm)
     topic: sns.Topic | None = None
     if alarm_email:
         key = rotating_key(scope, "TopicKey", f"Encryption of {cluster_name}'s alarm topic")

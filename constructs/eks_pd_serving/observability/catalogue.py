@@ -58,6 +58,14 @@ UCX_METRIC: Final = "NixlUcxBackendLines"
 # The line a decode engine's NIXL connector (vLLM 0.26) logs once for each request whose KV it
 # could not pull: what the fault rehearsal counts beside the engine's counter (KV_FAILED_PULLS).
 KV_PULL_FAILED_LINE: Final = "Skipping KV post-processing for failed request"
+# The warning a Serve proxy's API key check logs for each failed read of the key secret
+# (endpoint/proxy's UNREAD_LINE; request paths are escaped there, so no request can write it).
+API_KEYS_UNREAD_LINE: Final = "API keys not read"
+API_KEYS_UNREAD_FILTER_PATTERN: Final = f'"{API_KEYS_UNREAD_LINE}"'
+API_KEYS_UNREAD_METRIC: Final = "ApiKeyReadFailures"
+# Failed reads in ALARM_PERIOD that alarm: every proxy reads every api_keys_refresh_s, so three is
+# about a minute of failures on one pod (or less on several), well inside api_keys_max_stale_s.
+API_KEYS_UNREAD_ALARM_READS: Final = 3
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,8 @@ class ServingDashboard(Construct):
     :param nat_gateway_ids: the VPC's NAT gateways, when the stack made them. Default: none (the
         NAT widget then shows every NAT gateway of the account and region, by search).
     :param alarm_email: an address the alarms notify (SNS, KMS-encrypted). Default: none.
+    :param api_keys: the Serve proxies check API keys: alarm on failed reads of the key secret.
+        Default: off.
     """
 
     def __init__(
@@ -93,13 +95,20 @@ class ServingDashboard(Construct):
         application_logs: logs.ILogGroup,
         nat_gateway_ids: Sequence[str] = (),
         alarm_email: str | None = None,
+        api_keys: bool = False,
     ) -> None:
         super().__init__(scope, id)
         by_name = {metric.name: metric for metric in om.RAY_METRICS}
 
-        kv = kv_path_alarms(self, cluster_name=cluster_name, application_logs=application_logs, alarm_email=alarm_email)
+        kv = kv_path_alarms(
+            self,
+            cluster_name=cluster_name,
+            application_logs=application_logs,
+            alarm_email=alarm_email,
+            api_keys=api_keys,
+        )
         self.ucx_filter = kv.ucx_filter
-        self.ucx_alarm, self.efa_alarm, self.pull_failed_alarm = kv.alarms
+        self.ucx_alarm, self.efa_alarm, self.pull_failed_alarm = kv.alarms[:3]
         self.alarms = kv.alarms
         self.topic = kv.topic
 

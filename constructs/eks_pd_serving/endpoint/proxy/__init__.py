@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .eks_pd_api_keys import REFRESH_ENV, SECRET_ENV
+from .eks_pd_api_keys import DROPPED_LINE, MAX_STALE_ENV, REFRESH_ENV, SECRET_ENV, UNREAD_LINE
 
 MODULE = "eks_pd_api_keys"
 # Ray Serve's hook: each HTTP proxy calls this at start and wraps itself in what it returns.
@@ -26,4 +26,16 @@ def source_digest() -> str:
     return hashlib.sha256(source().encode()).hexdigest()[:16]
 
 
-__all__ = ["CALLBACK", "CALLBACK_ENV", "FILE_NAME", "MODULE", "MOUNT_PATH", "REFRESH_ENV", "SECRET_ENV", "source"]
+__all__ = [
+    "CALLBACK",
+    "CALLBACK_ENV",
+    "DROPPED_LINE",
+    "FILE_NAME",
+    "MAX_STALE_ENV",
+    "MODULE",
+    "MOUNT_PATH",
+    "REFRESH_ENV",
+    "SECRET_ENV",
+    "UNREAD_LINE",
+    "source",
+]

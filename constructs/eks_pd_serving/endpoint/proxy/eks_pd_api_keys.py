@@ -8,7 +8,10 @@ The secret is a JSON object of key id to key (``{"initial": "<48 characters>"}``
 digests of the keys are held; a presented key's digest is compared with every held one in
 constant time. Logs name the key id, never a key. The keys are read again every
 ``EKS_PD_API_KEYS_REFRESH_S`` seconds, so a key added to or removed from the secret takes effect
-within that interval without restarting anything; a failed read keeps the keys last read.
+within that interval without restarting anything. An entry that is not a valid key is dropped
+(and logged by its id) while the rest apply. A failed read keeps the keys last read for at most
+``EKS_PD_API_KEYS_MAX_STALE_S`` seconds after the last good one; then every request gets 503 until
+a read succeeds, so a revoked key is dead within that bound whatever happens to the reads.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import re
 import threading
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -27,6 +31,12 @@ from typing import Any
 SECRET_ENV = "EKS_PD_API_KEYS_SECRET"
 REFRESH_ENV = "EKS_PD_API_KEYS_REFRESH_S"
 DEFAULT_REFRESH_S = 30.0
+MAX_STALE_ENV = "EKS_PD_API_KEYS_MAX_STALE_S"
+DEFAULT_MAX_STALE_S = 300.0
+# The warnings a proxy logs: a failed read of the secret (counted by the ApiKeysUnread alarm; no
+# request can write it, request paths being escaped) and an entry of the secret it dropped.
+UNREAD_LINE = "API keys not read"
+DROPPED_LINE = "API key entry dropped"
 # Answered without a key: KubeRay's operator and the pods' readiness probes ask each proxy's
 # health here (the NLB's health check is TCP). Nothing behind it reaches an application.
 OPEN_PATHS = frozenset({"/-/healthz"})
@@ -45,60 +55,87 @@ logger = logging.getLogger("ray.serve")
 
 
 class KeysUnavailable(RuntimeError):
-    """No keys have been read yet."""
+    """No keys to check against: none read yet, or the last read is older than ``max_stale_s``."""
 
 
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode()).digest()
 
 
-def parse_keys(secret_string: str) -> dict[bytes, str]:
-    """Digest to key id. The messages name ids, never keys."""
+def parse_keys(secret_string: str) -> tuple[dict[bytes, str], list[str]]:
+    """Digest to key id, entry by entry: a bad entry is dropped (one complaint each, naming its id,
+    never a key) and the rest apply, so a revoked key never outlives a write that also holds a
+    typo. A secret that is not a JSON object is not a read at all (ValueError)."""
     try:
         data = json.loads(secret_string)
     except json.JSONDecodeError:
         raise ValueError("the secret is not JSON") from None
-    if not isinstance(data, dict) or not data:
-        raise ValueError("the secret must be a JSON object of key id to key, with at least one key")
+    if not isinstance(data, dict):
+        raise ValueError("the secret must be a JSON object of key id to key")
     digests: dict[bytes, str] = {}
+    dropped: list[str] = []
     for key_id, key in data.items():
         if not KEY_ID.match(key_id):
-            raise ValueError(f"key id {key_id[:64]!r} is not 1-64 letters, digits, '.', '_' or '-'")
+            dropped.append(f"an entry's id ({len(key_id)} characters) is not 1-64 letters, digits, '.', '_' or '-'")
+            continue
         if not isinstance(key, str) or len(key) < MIN_KEY_CHARS or any(c.isspace() for c in key):
-            raise ValueError(f"the key of {key_id!r} is not a string of {MIN_KEY_CHARS} or more characters")
+            dropped.append(f"the key of {key_id!r} is not a string of {MIN_KEY_CHARS} or more characters")
+            continue
         digest = _digest(key)
         if digest in digests:
-            raise ValueError(f"{digests[digest]!r} and {key_id!r} hold the same key")
+            dropped.append(f"{key_id!r} holds the same key as {digests[digest]!r}")
+            continue
         digests[digest] = key_id
-    return digests
+    return digests, dropped
 
 
 class KeyStore:
-    """The current keys, read by ``fetch`` (the secret's string) now and every ``refresh_s``."""
+    """The current keys, read by ``fetch`` (the secret's string) now and every ``refresh_s``. Keys
+    last read more than ``max_stale_s`` ago are not served: every request gets 503 until a read
+    succeeds, so a revoked key is dead within that bound even while reads fail."""
 
-    def __init__(self, fetch: Callable[[], str], refresh_s: float = DEFAULT_REFRESH_S) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[], str],
+        refresh_s: float = DEFAULT_REFRESH_S,
+        max_stale_s: float = DEFAULT_MAX_STALE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._fetch = fetch
         self.refresh_s = refresh_s
+        self.max_stale_s = max_stale_s
+        self._clock = clock
         self._digests: dict[bytes, str] | None = None
+        self._read_at = 0.0
         self._stop = threading.Event()
 
     def refresh(self) -> bool:
         try:
-            digests = parse_keys(self._fetch())
-        except Exception as error:  # any failure keeps the keys in hand; its message holds no key
-            held = "none" if self._digests is None else f"the {len(self._digests)} held"
-            logger.warning("API keys not read (%s: %s); keeping %s", type(error).__name__, error, held)
+            digests, dropped = parse_keys(self._fetch())
+        except Exception as error:  # any failure keeps the keys in hand, within max_stale_s
+            if self._digests is None:
+                held = "none held"
+            else:
+                left = self.max_stale_s - (self._clock() - self._read_at)
+                held = f"the {len(self._digests)} held served for {max(left, 0):.0f} s more"
+            # Its message holds no key; UNREAD_LINE is what the ApiKeysUnread alarm counts.
+            logger.warning("%s (%s: %s); %s", UNREAD_LINE, type(error).__name__, error, held)
             return False
+        for complaint in dropped:
+            logger.warning("%s: %s", DROPPED_LINE, complaint)
         if self._digests is None or set(digests.values()) != set(self._digests.values()):
-            logger.info("API keys read: ids %s", ", ".join(sorted(digests.values())))
+            logger.info("API keys read: ids %s", ", ".join(sorted(digests.values())) or "(none)")
         self._digests = digests
+        self._read_at = self._clock()
         return True
 
     def identify(self, presented: str) -> str | None:
         """The id of the key presented, or None. Every held digest is compared, in constant time."""
         digests = self._digests
         if digests is None:
-            raise KeysUnavailable
+            raise KeysUnavailable(NOT_LOADED)
+        if self._clock() - self._read_at > self.max_stale_s:
+            raise KeysUnavailable(STALE.format(self.max_stale_s))
         wanted = _digest(presented)
         found = None
         for digest, key_id in digests.items():
@@ -136,6 +173,7 @@ def _error(message: str, code: str, kind: str) -> bytes:
 NO_KEY = "No API key provided. Send it as 'Authorization: Bearer <key>'."
 UNKNOWN_KEY = "Incorrect API key provided."
 NOT_LOADED = "API keys are not loaded yet; try again shortly."
+STALE = "API keys could not be read for over {:.0f} s; refusing every key until they are."
 
 
 class ApiKeyMiddleware:
@@ -154,8 +192,8 @@ class ApiKeyMiddleware:
         token = _bearer(scope.get("headers", []))
         try:
             key_id = self.store.identify(token) if token else None
-        except KeysUnavailable:
-            await _refuse(kind, send, 503, _error(NOT_LOADED, "api_keys_unavailable", "server_error"))
+        except KeysUnavailable as unavailable:
+            await _refuse(kind, send, 503, _error(str(unavailable), "api_keys_unavailable", "server_error"))
             return
         method = scope.get("method", "WS")
         if key_id is None:
@@ -214,6 +252,10 @@ def middlewares() -> list[Any]:
         raise RuntimeError(f"{SECRET_ENV} is not set: the API key secret to read")
     from starlette.middleware import Middleware
 
-    store = KeyStore(secrets_manager_fetch(secret_id), float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S)))
+    store = KeyStore(
+        secrets_manager_fetch(secret_id),
+        float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S)),
+        float(os.environ.get(MAX_STALE_ENV, DEFAULT_MAX_STALE_S)),
+    )
     store.start()
     return [Middleware(ApiKeyMiddleware, store=store)]
