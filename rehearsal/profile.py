@@ -135,7 +135,6 @@ def colocated_control(
     (app,) = rehearsed["applications"]
     llm = copy.deepcopy(app["args"]["decode_config"])
     llm["engine_kwargs"].pop("kv_transfer_config")
-    llm.pop("runtime_env", None)  # the KV guard's engine class: without KV transfer, Ray's own
     llm["deployment_config"] = {"num_replicas": replicas}
     if placement is not None:
         llm["placement_group_config"] = copy.deepcopy(placement)

@@ -195,7 +195,6 @@ def ray_service_props(
             backend=config.kv_backend,
             buffer_device=config.kv_buffer_device,
             load_failure_policy=kv_load_failure_policy(facts),
-            guard=kv_guard_spec(config),
         ),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
@@ -208,5 +207,6 @@ def ray_service_props(
         aws_region=region(config) if aws_calls else None,
         api_keys=api_keys,
         kv_guard_program=kv_guard_program(config),
+        kv_guard=kv_guard_spec(config),
         gcs_fault_tolerance=gcs_fault_tolerance,
     )

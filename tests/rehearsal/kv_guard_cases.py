@@ -14,6 +14,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/kv_guard"))
 
 import eks_pd_kv_guard as guard
+from vllm.config import KVTransferConfig
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
 from vllm.v1.engine.output_processor import OutputProcessor
 from vllm.v1.metrics.stats import SchedulerStats
@@ -27,9 +28,14 @@ def step_stats(failed: int) -> SchedulerStats:
     return SchedulerStats(kv_connector_stats=nixl.data)
 
 
-def client(log_stats: bool = True) -> Any:
-    # AsyncLLM's two attributes the guard reads; the processor is vLLM's own.
-    return SimpleNamespace(output_processor=OutputProcessor(None, log_stats=log_stats), log_stats=log_stats)
+def client(log_stats: bool = True, role: str | None = "kv_consumer") -> Any:
+    # AsyncLLM's three attributes the guard reads; the processor and the KV config are vLLM's own.
+    kv = KVTransferConfig(kv_connector="NixlConnector", kv_role=role) if role else None
+    return SimpleNamespace(
+        output_processor=OutputProcessor(None, log_stats=log_stats),
+        log_stats=log_stats,
+        vllm_config=SimpleNamespace(kv_transfer_config=kv),
+    )
 
 
 class Source:
@@ -66,6 +72,8 @@ async def main() -> None:
     print("ok failed pulls read from vLLM's own stats")
 
     assert guard.attach(client(), "0.32.0", "auto") is None
+    assert guard.attach(client(role="kv_producer"), "0.26.0", "on") is None  # prefill pulls nothing
+    assert guard.attach(client(role=None), "0.26.0", "on") is None  # no KV transfer (the control)
     for version, mode in (("0.26.0", "auto"), ("0.32.0", "on")):
         engine = client()
         wire = guard.attach(engine, version, mode)
@@ -75,7 +83,10 @@ async def main() -> None:
         assert not wire.tripped
         engine.output_processor.update_scheduler_stats(step_stats(1))
         assert wire.tripped and wire.failed == 1
-    print("ok auto stands aside on 0.32, guards 0.26; on guards 0.32; trips at the first failed pull")
+    print(
+        "ok auto stands aside on 0.32, guards 0.26; on guards 0.32; prefill and no-KV engines stand aside; "
+        "trips at the first failed pull"
+    )
 
     for engine, mode in ((client(log_stats=False), "auto"), (client(), "sometimes")):
         try:

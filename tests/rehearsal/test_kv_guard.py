@@ -12,7 +12,8 @@ import pytest
 CASES = Path(__file__).with_name("kv_guard_cases.py")
 EXPECTED = (
     "failed pulls read from vLLM's own stats",
-    "auto stands aside on 0.32, guards 0.26; on guards 0.32; trips at the first failed pull",
+    "auto stands aside on 0.32, guards 0.26; on guards 0.32; prefill and no-KV engines stand aside; "
+    "trips at the first failed pull",
     "refuses to start blind (stats off) or with an unknown mode",
     "waiting request refused within 1 s of the trip; streaming one finishes; new ones refused unstarted",
     "a first chunk arriving with the trip is dropped",

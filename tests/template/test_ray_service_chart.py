@@ -244,17 +244,17 @@ def test_schema_check_fails_on_a_broken_manifest(
 
 # --- the KV guard ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("mode", ["auto", "on", "off"])
-def test_decode_alone_builds_the_kv_guards_engine_and_every_worker_mounts_its_code(mode: str) -> None:
+def test_the_gpu_workers_name_the_kv_guards_engine_beside_its_mounted_code(mode: str) -> None:
+    """The engine class is in the workers' env, not decode's runtime_env: env and mount change
+    together with the RayCluster. In the serve config alone, an update would restart decode's
+    replicas in pods that do not mount the code yet, and they would fail to import it."""
     from eks_pd_serving.fault_tolerance import kv_guard
 
     objects = render(kv_pull_guard=mode)
     (service,) = [o for o in objects if o["kind"] == "RayService"]
     args = serve_args(service)
-    env = {"RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": mode}
-    assert args["decode_config"].get("runtime_env") == (None if mode == "off" else {"env_vars": env})
-    assert "runtime_env" not in args["prefill_config"]
-    # The code ships in every mode, beside the namespace (not in the RayService's manifest): turning
-    # the guard off or on then changes the serve config alone.
+    assert "runtime_env" not in args["decode_config"] and "runtime_env" not in args["prefill_config"]
+    # The code ships in every mode, beside the namespace (not in the RayService's manifest).
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and kv_guard.FILE_NAME in o["data"]]
     assert config_map["data"][kv_guard.FILE_NAME] == kv_guard.source()
     for group in service["spec"]["rayClusterConfig"]["workerGroupSpecs"]:
@@ -262,6 +262,11 @@ def test_decode_alone_builds_the_kv_guards_engine_and_every_worker_mounts_its_co
         assert template["metadata"]["annotations"]["eks-pd-serving/kv-guard-code"] == kv_guard.source_digest()
         (container,) = template["spec"]["containers"]
         assert kv_guard.MOUNT_PATH in {m["mountPath"] for m in container["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert kv_guard.MOUNT_PATH in env["PYTHONPATH"].split(":")
+        named = {k: env.get(k) for k in ("RAYLLM_VLLM_ENGINE_CLS", "EKS_PD_KV_GUARD")}
+        on = {"RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": mode}
+        assert named == ({"RAYLLM_VLLM_ENGINE_CLS": None, "EKS_PD_KV_GUARD": None} if mode == "off" else on)
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert kv_guard.MOUNT_PATH not in {m["mountPath"] for m in head["volumeMounts"]}
 

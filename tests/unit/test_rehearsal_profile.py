@@ -52,7 +52,8 @@ def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_f
     guard = str(Path(kv_guard.__file__).parent)
     assert env.pop("PYTHONPATH").split(os.pathsep)[0] == guard
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1", "RAY_LOG_TO_STDERR": "1",
-                   "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1"}  # fmt: skip
+                   "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
+                   "RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": "auto"}  # fmt: skip
 
 
 def test_worker_env_refuses_a_template_whose_kv_guard_code_is_not_this_packages(template_file: Path) -> None:

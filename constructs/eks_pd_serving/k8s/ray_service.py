@@ -318,6 +318,13 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         env.extend(_region_env(props.aws_region))
     guard = props.kv_guard_program
     env.extend(_api_keys_env(props, (guard.mount_path,) if guard else ()))
+    if props.kv_guard:
+        env.extend(
+            [
+                {"name": props.kv_guard.engine_cls_env, "value": props.kv_guard.engine_cls},
+                {"name": props.kv_guard.mode_env, "value": props.kv_guard.mode},
+            ]
+        )
     low, high = group.replica_bounds or (group.replicas, group.replicas)
     spec: dict[str, Any] = {
         "groupName": group.name,

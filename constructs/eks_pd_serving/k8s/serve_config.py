@@ -78,10 +78,6 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
-    if phase == "decode" and kv.guard is not None:
-        guard = kv.guard
-        # Ray Serve LLM applies an LLMConfig's runtime_env to its replica's actor (llm_server.py).
-        config["runtime_env"] = {"env_vars": {guard.engine_cls_env: guard.engine_cls, guard.mode_env: guard.mode}}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
         bundle = {"GPU": 1, engine.placement_resource: 1}

@@ -81,8 +81,10 @@ class PodProgram:
 
 @dataclass(frozen=True)
 class KvGuardSpec:
-    """Decode's KV guard: the engine class the decode replica builds (``engine_cls_env`` names it in
-    its ``runtime_env``) and the guard's mode (``mode_env``: auto or on)."""
+    """Decode's KV guard: the engine class the GPU workers' replicas build (``engine_cls_env`` names
+    it in the workers' env, beside the code it names: both change with the RayCluster, never the
+    serve config alone) and the guard's mode (``mode_env``: auto or on). Prefill's engines stand
+    aside (they pull nothing)."""
 
     mode: str
     engine_cls: str
@@ -100,8 +102,6 @@ class KvTransferSpec:
     # recompute the blocks it could not pull (a prefill replica gone); "fail" ends the request with
     # an error (vLLM 0.26.0's default). mapping.kv_load_failure_policy decides which.
     load_failure_policy: str = "fail"
-    # None: decode's engine is Ray's own (the guard off).
-    guard: KvGuardSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -217,6 +217,8 @@ class RayServiceProps:
     # The KV guard's code, mounted on every GPU worker whether the guard is on or off: turning it
     # off or on is then a serve-config change alone, and no running pod loses what it mounts.
     kv_guard_program: PodProgram | None = None
+    # None: the engines are Ray's own (kv_pull_guard off).
+    kv_guard: KvGuardSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

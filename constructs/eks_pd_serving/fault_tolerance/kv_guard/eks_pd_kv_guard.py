@@ -6,8 +6,9 @@ transfer for HMA"), so neither ``kv_load_failure_policy`` engages: the request i
 that was never written and answered with HTTP 200. A lost peer is never handshaken again, so every
 later request is too. 0.30 reports the failed receive itself (recompute or fail), 0.32 re-handshakes.
 
-Ray Serve LLM builds the decode replica's engine from ``RAYLLM_VLLM_ENGINE_CLS`` (Ray 2.58
-``core/server/llm_server.py``); this module's ``KvGuardEngine`` is that class. Each engine step's
+Ray Serve LLM builds each replica's engine from ``RAYLLM_VLLM_ENGINE_CLS`` (Ray 2.58
+``core/server/llm_server.py``); the GPU workers' env names this module's ``KvGuardEngine``, which
+guards the engines that pull KV (decode) and stands aside in the others. Each engine step's
 scheduler stats carry the worker's failed-transfer count, and vLLM's output loop hands them to
 ``OutputProcessor.update_scheduler_stats`` after that step's tokens and before the next step's: the
 step that reports a failed pull is the one that hands the request back to the scheduler, so its
@@ -40,6 +41,9 @@ from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 MODE_ENV = "EKS_PD_KV_GUARD"
 MODES = ("auto", "on")
 ENGINE_CLS = "eks_pd_kv_guard:KvGuardEngine"
+# The engines that pull KV (decode); prefill's (kv_producer) and an engine without KV transfer
+# (the rehearsals' colocated control) stand aside: the class is every GPU worker's.
+PULLING_ROLES = ("kv_consumer", "kv_both")
 # The first vLLM whose NIXL connector reports a failed pull for hybrid models itself.
 REPORTS_FAILED_PULLS = (0, 30)
 # The lines an operator (and the rehearsals) look for.
@@ -62,6 +66,11 @@ def reports_failed_pulls(version: str) -> bool:
         return (int(parts[0]), int(parts[1])) >= REPORTS_FAILED_PULLS
     except (IndexError, ValueError):
         return False
+
+
+def kv_role(vllm_config: Any) -> str | None:
+    """The engine's KV role (its kv_transfer_config's), None without KV transfer."""
+    return getattr(getattr(vllm_config, "kv_transfer_config", None), "kv_role", None)
 
 
 def failed_pulls(scheduler_stats: Any) -> int:
@@ -111,6 +120,10 @@ def attach(client: Any, version: str, mode: str) -> Tripwire | None:
     let wrong answers through."""
     if mode not in MODES:
         raise RuntimeError(f"{MODE_ENV}={mode!r}: not a mode. Fix: one of {', '.join(MODES)}")
+    role = kv_role(getattr(client, "vllm_config", None))
+    if role not in PULLING_ROLES:
+        logger.info("%s: this engine pulls no KV (kv_role %s)", ASIDE_LINE, role)
+        return None
     if mode == "auto" and reports_failed_pulls(version):
         logger.info("%s: vLLM %s reports failed KV pulls itself", ASIDE_LINE, version)
         return None
