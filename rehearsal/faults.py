@@ -748,7 +748,7 @@ def main(argv: list[str] | None = None) -> int:
     output.join()
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
-    logged = next((e["lines"] for e in events if e["type"] == "kv_guard"), {})
+    logged: dict[str, int] = next((e["lines"] for e in events if e["type"] == "kv_guard"), {})
     report["kv_guard"] = {k: max(v, logged.get(k, 0)) for k, v in output.guard_lines.items()}
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:

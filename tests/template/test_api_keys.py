@@ -20,7 +20,14 @@ from eks_pd_serving.k8s.network import RAY_NODE_LABELS
 CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
 # Ray Serve's flags that replace the Python proxy (HAProxy, direct ingress) or make decode the
 # ASGI ingress: with any on, the proxy hook would not guard every request.
-BYPASSES = ("RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING")
+# Switches that route requests around the Serve proxies' check. RAY_SERVE_THROUGHPUT_OPTIMIZED=1
+# turns direct ingress on by default (Ray 2.58 serve/_private/constants.py, its last block).
+BYPASSES = (
+    "RAY_SERVE_ENABLE_HA_PROXY",
+    "RAY_SERVE_ENABLE_DIRECT_INGRESS",
+    "RAY_SERVE_LLM_ENABLE_DIRECT_STREAMING",
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED",
+)
 
 
 @pytest.fixture(scope="module")

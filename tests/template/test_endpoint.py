@@ -145,6 +145,15 @@ def test_client_cidrs_reach_the_load_balancer_and_the_serve_port() -> None:
     # The pods see the NLB's own addresses (client IP preservation off): its subnets, not the
     # clients (the NLB's security group admits those) and not the rest of the VPC.
     assert blocks == ["10.0.32.0/19", "10.0.64.0/19"]
+    # ... and only on the head, the NLB's one target: every pod's IP is in those subnets, so on the
+    # GPU workers the rule admitted the whole cluster.
+    assert serve["spec"]["podSelector"] == {"matchLabels": {"ray.io/is-ray-node": "yes", "ray.io/node-type": "head"}}
+    assert {(r["metadata"]["name"], tuple(r["spec"]["podSelector"].get("matchLabels", {}).items())) for r in
+            _objects(template, "NetworkPolicy").values() if any(
+                p.get("port") == 8000 for rule in r["spec"].get("ingress", []) for p in rule.get("ports", []))} == {
+        ("ray-serve-from-clients", (("ray.io/is-ray-node", "yes"), ("ray.io/node-type", "head"))),
+        ("ray-from-operator", (("ray.io/is-ray-node", "yes"),)),
+    }  # fmt: skip
 
 
 def test_an_internal_endpoint_output_tells_how_to_read_the_nlb_address(internal: dict[str, Any]) -> None:

@@ -30,9 +30,11 @@ class Engine:
 
     def __init__(self) -> None:
         self.paths: list[str] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.paths.append(scope["path"])
+        self.headers.append(list(scope.get("headers", [])))
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"served"})
 
@@ -296,3 +298,12 @@ def test_the_keys_are_read_from_secrets_manager_in_the_secrets_region(monkeypatc
     assert store.refresh() and store.identify(KEY_A) == "app-a"
     client.put_secret_value(SecretId=arn, SecretString=json.dumps({"app-b": KEY_B}))
     assert store.refresh() and store.identify(KEY_A) is None and store.identify(KEY_B) == "app-b"
+
+
+def test_the_key_does_not_travel_past_the_check() -> None:
+    response, engine = call(store_of(SECRET), "/v1/chat/completions", KEY_A)
+    assert response.status_code == 200
+    ((headers),) = engine.headers
+    assert not [name for name, _ in headers if name.lower() == b"authorization"]
+    assert KEY_A.encode() not in b"".join(value for _, value in headers)
+    assert (b"content-type", b"application/json") in headers  # the rest is passed on

@@ -61,8 +61,21 @@ def test_config_is_frozen() -> None:
 
 def test_open_endpoint_warns_and_a_narrow_one_does_not() -> None:
     assert any("0.0.0.0/0" in w for w in DeploymentConfig().warnings())
-    narrow = DeploymentConfig.create(endpoint_allowed_cidrs="203.0.113.0/24")
+    narrow = DeploymentConfig.create(endpoint_allowed_cidrs="203.0.113.0/24", alarm_email="ops@example.com")
     assert narrow.warnings() == []
+
+
+def test_alarms_that_notify_nobody_and_keys_in_plain_text_warn() -> None:
+    assert any(w.startswith("no alarm_email: ") for w in DeploymentConfig().warnings())
+    quiet = DeploymentConfig.create(observability=False)
+    assert not any(w.startswith("no alarm_email") for w in quiet.warnings())  # no alarms at all
+    plain = DeploymentConfig.create(endpoint_exposure="internal")  # keys on by default with internal
+    assert any(w.startswith("endpoint_exposure=internal without tls_certificate_arn") for w in plain.warnings())
+    tls = DeploymentConfig.create(
+        endpoint_exposure="internal",
+        tls_certificate_arn="arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012",
+    )
+    assert not any("without tls_certificate_arn" in w for w in tls.warnings())
 
 
 REJECTED: list[tuple[str, dict[str, Any], str]] = [

@@ -162,9 +162,10 @@ GCS_STORE_TOKEN = {
 
 
 MODEL_BUCKET_NO_ACCESS_LOGS = (
-    "The model bucket holds public model weights; only the staging job writes and only the Ray workers' "
-    "role reads one prefix. Server access logs would need a second bucket that outlives the stack; "
-    "CloudTrail S3 data events are the audit trail where one is required."
+    "The model bucket holds model weights (a gated model's too, which its licence restricts: not public); "
+    "only the staging job writes and only the Ray workers' role reads, under models/. Server access logs "
+    "would need a second bucket that outlives the stack; CloudTrail S3 data events are the audit trail "
+    "where one is required."
 )
 MODEL_BUCKET = {f"{PACK}-S1": MODEL_BUCKET_NO_ACCESS_LOGS}
 

@@ -121,6 +121,17 @@ class DeploymentConfig(Settings, FieldRules):
                 "kv_backend=UCX: NIXL moves the KV cache at TCP speed even on EFA. "
                 "Use LIBFABRIC unless you are debugging."
             )
+        if self.endpoint_exposure == "internal" and self.api_keys_on and not self.tls_certificate_arn:
+            found.append(
+                "endpoint_exposure=internal without tls_certificate_arn: API keys and prompts cross the VPC in plain "
+                "text to the NLB's TCP listener. Set tls_certificate_arn (an ACM certificate in this region) to "
+                "terminate TLS at the NLB."
+            )
+        if self.observability and not self.alarm_email:
+            found.append(
+                "no alarm_email: the alarms (KvPullFailed among them) change state in CloudWatch and notify nobody. "
+                "Set alarm_email=<address> for an encrypted SNS topic with an email subscription."
+            )
         return found
 
     # --- parsing ---------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from .specs import DASHBOARD_PORT, SERVE_PORT
 
 # KubeRay labels every Ray pod it creates with these (ray-operator/controllers/ray/utils/constant.go).
 RAY_NODE_LABELS = {"ray.io/is-ray-node": "yes"}
+RAY_HEAD_LABELS = {**RAY_NODE_LABELS, "ray.io/node-type": "head"}
 # The head, once KubeRay has found its Serve proxy healthy (``ray.io/serve`` is "false" until then).
 SERVING_HEAD_LABELS = {"ray.io/node-type": "head", "ray.io/serve": "true"}
 # The AWS Load Balancer Controller's own class: only this Service depends on the controller.
@@ -102,9 +103,10 @@ class ServingNetworkChart(cdk8s.Chart):
         )
         # KubeRay v1.7: the dashboard client (Serve status) and RayHttpProxyClient (proxy health).
         from_operator.add_ingress_rule(operator, [_tcp(DASHBOARD_PORT), _tcp(SERVE_PORT)])
-        serve = kplus.NetworkPolicy(
-            self, "Serve", metadata=cdk8s.ApiObjectMetadata(name=SERVE_POLICY), selector=ray_pods
-        )
+        # Clients reach the serve port on the head alone, the NLB's only target (and, with the API
+        # key check, the pod whose proxy checks them first); the workers' proxies serve the cluster.
+        head = kplus.Pods.select(self, "RayHead", labels=RAY_HEAD_LABELS, namespaces=serving)
+        serve = kplus.NetworkPolicy(self, "Serve", metadata=cdk8s.ApiObjectMetadata(name=SERVE_POLICY), selector=head)
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
         for index, cidr in enumerate(props.client_cidrs):
             serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])

@@ -205,7 +205,9 @@ class ApiKeyMiddleware:
             )
             return
         logger.info("api_key_id=%s %s %s", key_id, method, loggable(scope["path"]))
-        await self.app(scope, receive, send)
+        # The key stops here: the ingress and the engines behind it never see it.
+        headers = [(name, value) for name, value in scope.get("headers", []) if name.lower() != b"authorization"]
+        await self.app({**scope, "headers": headers}, receive, send)
 
 
 def loggable(path: str) -> str:
