@@ -281,3 +281,32 @@ def test_config_is_not_part_of_the_ids(stack_factory: Callable[..., PdServingSta
 
 def test_default_config_is_what_the_ids_were_taken_from() -> None:
     assert DeploymentConfig().cluster_name == "ray-llm-multinode"
+
+
+def test_every_pod_identity_role_trusts_only_its_own_service_account_on_this_cluster(template: Template) -> None:
+    """Pod Identity sets session tags (cluster, namespace, service account); the trust requires them,
+    so no other association in the account, on any cluster, can name the role."""
+    stack = template.to_json()
+    resources = stack["Resources"]
+    pairs = [
+        (a["Properties"]["RoleArn"]["Fn::GetAtt"][0], a["Properties"]["ClusterName"], a["Properties"]["Namespace"],
+         a["Properties"]["ServiceAccount"])
+        for a in resources.values() if a["Type"] == "AWS::EKS::PodIdentityAssociation"
+    ] + [
+        (p["RoleArn"]["Fn::GetAtt"][0], a["Properties"]["ClusterName"], "amazon-cloudwatch", p["ServiceAccount"])
+        for a in resources.values() if a["Type"] == "AWS::EKS::Addon"
+        for p in a["Properties"].get("PodIdentityAssociations", [])
+    ]  # fmt: skip
+    # The Ray workers and head and the add-on's agents (the controller and autoscaler come with options).
+    assert {account for *_, account in pairs} >= {"ray-llm-workers", "ray-llm-head", "cloudwatch-agent"}
+    for role_id, cluster, namespace, account in pairs:
+        statements = resources[role_id]["Properties"]["AssumeRolePolicyDocument"]["Statement"]
+        assert {a for s in statements for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])} == {
+            "sts:AssumeRole", "sts:TagSession"}  # fmt: skip
+        for statement in statements:
+            assert statement["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+            tags = statement["Condition"]["StringEquals"]
+            assert tags["aws:RequestTag/kubernetes-namespace"] == namespace, role_id
+            assert tags["aws:RequestTag/kubernetes-service-account"] == account, role_id
+            named = resources[cluster["Ref"]]["Properties"]["Name"]  # the cluster's own name, or its Ref
+            assert tags["aws:RequestTag/eks-cluster-name"] in (cluster, named), role_id

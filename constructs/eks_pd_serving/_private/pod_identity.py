@@ -11,11 +11,32 @@ from constructs import Construct
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 
 
-def pod_identity_service_role(scope: Construct, *, policy_arn: str | None, description: str) -> iam.Role:
+def pod_identity_service_role(
+    scope: Construct,
+    *,
+    policy_arn: str | None,
+    description: str,
+    session: tuple[str, str, str] | None = None,
+) -> iam.Role:
     """The role, trusted by the Pod Identity service with AssumeRole and TagSession, carrying the
     one managed policy (None: only what is granted to it later); an EKS add-on may own the
-    association itself (CfnAddon)."""
-    principal = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
+    association itself (CfnAddon). ``session``: (cluster name, namespace, service account), the
+    session tags Pod Identity sets, which the trust then requires (EKS user guide, "Create IAM role
+    with trust policy required by EKS Pod Identity", Setting Conditions): without them any
+    association in the account, on any cluster, could name this role."""
+    principal: iam.IPrincipal = iam.ServicePrincipal(POD_IDENTITY_SERVICE)
+    if session is not None:
+        cluster_name, namespace, service_account = session
+        principal = iam.PrincipalWithConditions(
+            principal,
+            {
+                "StringEquals": {
+                    "aws:RequestTag/eks-cluster-name": cluster_name,
+                    "aws:RequestTag/kubernetes-namespace": namespace,
+                    "aws:RequestTag/kubernetes-service-account": service_account,
+                }
+            },
+        )
     role = iam.Role(
         scope,
         "Role",
@@ -42,7 +63,12 @@ def pod_identity_role(
 ) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
     """The role and the association of ``namespace``/``service_account`` with it; pods get
     credentials only if the association exists when they start, so charts depend on it."""
-    role = pod_identity_service_role(scope, policy_arn=policy_arn, description=description)
+    role = pod_identity_service_role(
+        scope,
+        policy_arn=policy_arn,
+        description=description,
+        session=(cluster.cluster_name, namespace, service_account),
+    )
     association = eks.CfnPodIdentityAssociation(
         scope,
         "PodIdentity",

@@ -57,6 +57,7 @@ class CloudWatchObservability(Construct):
             self,
             policy_arn=iam.ManagedPolicy.from_aws_managed_policy_name(AGENT_POLICY).managed_policy_arn,
             description=f"CloudWatch agents and Fluent Bit in {cluster_name} (EKS Pod Identity)",
+            session=(cluster_name, om.ADDON_NAMESPACE, om.SERVICE_ACCOUNT),
         )
         nag.acknowledge(
             self.role,
