@@ -107,7 +107,8 @@ def test_the_addon_is_pinned_with_pod_identity_for_the_agents_service_account(ob
     role = observed["Resources"][association["RoleArn"]["Fn::GetAtt"][0]]["Properties"]
     trusted = {s["Principal"]["Service"] for s in role["AssumeRolePolicyDocument"]["Statement"]}
     assert trusted == {"pods.eks.amazonaws.com"}
-    assert {a for s in role["AssumeRolePolicyDocument"]["Statement"] for a in s["Action"]} >= {
+    actions = [s["Action"] for s in role["AssumeRolePolicyDocument"]["Statement"]]
+    assert {a for action in actions for a in ([action] if isinstance(action, str) else action)} >= {
         "sts:AssumeRole", "sts:TagSession",
     }  # fmt: skip
     assert "CloudWatchAgentServerPolicy" in json.dumps(role["ManagedPolicyArns"])
