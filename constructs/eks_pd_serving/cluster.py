@@ -149,7 +149,7 @@ class EksCluster(Construct):
             "SystemLaunchTemplate",
             launch_template_data=L.LaunchTemplateDataProperty(
                 block_device_mappings=[launch_template.root_volume(props.system_root_volume_gib)],
-                metadata_options=launch_template.imds_v2(),
+                metadata_options=launch_template.imds_v2(launch_template.SYSTEM_IMDS_HOP_LIMIT),
             ),
         )
         self.system_nodes = self.cluster.add_nodegroup_capacity(

@@ -72,7 +72,7 @@ class EfaGpuNodeGroup(Construct):
                     )
                     for interface in group.instance.network_interfaces
                 ],
-                metadata_options=launch_template.imds_v2(),
+                metadata_options=launch_template.imds_v2(launch_template.GPU_IMDS_HOP_LIMIT),
                 block_device_mappings=[launch_template.root_volume(root_volume_gib)],
                 placement=L.PlacementProperty(group_name=self.placement_group.ref),
             ),

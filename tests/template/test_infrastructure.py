@@ -157,7 +157,7 @@ def test_launch_template_has_one_efa_interface_imdsv2_and_encrypted_gp3(
     assert "SubnetId" not in interface
     assert data["MetadataOptions"] == {
         "HttpEndpoint": "enabled",
-        "HttpPutResponseHopLimit": 2,
+        "HttpPutResponseHopLimit": 1,  # no Ray pod reaches IMDS (the node's role)
         "HttpTokens": "required",
     }
     (disk,) = data["BlockDeviceMappings"]

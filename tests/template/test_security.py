@@ -39,12 +39,18 @@ def test_nodes_are_in_private_subnets_without_public_ips(template: Template) -> 
             assert interface.get("AssociatePublicIpAddress") in (None, False)
 
 
-def test_imdsv2_is_required_with_a_hop_limit_pods_can_use(template: Template) -> None:
-    templates = resources(template, "AWS::EC2::LaunchTemplate").values()
-    assert len(templates) == 2  # system and GPU node groups
-    for lt in templates:
+def test_imdsv2_is_required_and_gpu_pods_cannot_reach_it(template: Template) -> None:
+    """Hop limit 1 on the GPU nodes (only the node and host-network pods reach IMDS, so no Ray pod
+    takes the node's role); 2 on the system nodes, where the Ray scraper's CloudWatch agent runs off
+    the host network and reads the instance's metadata."""
+    limits = {}
+    for lt in resources(template, "AWS::EC2::LaunchTemplate").values():
         options = lt["Properties"]["LaunchTemplateData"]["MetadataOptions"]
-        assert options["HttpTokens"] == "required" and options["HttpPutResponseHopLimit"] == 2
+        assert options["HttpTokens"] == "required"
+        limits["gpu" if "NetworkInterfaces" in lt["Properties"]["LaunchTemplateData"] else "system"] = options[
+            "HttpPutResponseHopLimit"
+        ]
+    assert limits == {"system": 2, "gpu": 1}
 
 
 def test_ebs_volumes_are_encrypted(template: Template) -> None:
