@@ -764,9 +764,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def holds(report: dict[str, Any]) -> bool:
     """What must hold: every chosen fault was injected, no completed answer is wrong, each
-    replica fault and the KV link's cut recover within the bound; the cut failed pulls, the
-    healed link moved KV again, the engines logged the line the ``KvPullFailed`` alarm counts,
-    and under ``recompute`` no request failed; the runbook's program found a decode replica;
+    replica fault and the KV link's cut recover within the bound; the cut failed pulls (or
+    requests), the healed link moved KV again; with the KV guard on, it tripped at a counted
+    failed pull and Serve replaced decode, without it the engines logged their failed pulls and
+    under ``recompute`` no request failed; the runbook's program found a decode replica;
     with GCS fault tolerance, the GCS's death fails no request, the replicas serve while it is
     down, and the restarted GCS knows the Serve controller."""
     faults = report["faults"]
