@@ -173,6 +173,24 @@ def test_the_kv_cut_must_fail_pulls_recover_carry_kv_again_and_under_recompute_f
     assert not holds({**_report(gcs, FOUND), "faults_chosen": ["decode", "prefill", "kv", "gcs"]})
 
 
+def test_with_the_kv_guard_on_it_must_trip_at_a_counted_pull_and_decode_must_be_replaced() -> None:
+    """Under the guard requests fail by design (its 503s) even under recompute; what must hold is
+    that it tripped when a pull failed and that Serve replaced decode (a new replica at the end)."""
+    gcs = {"requests_failed": 0, "completed_while_gcs_down": 2}
+    refused = {"requests_failed": 12, "failures": {"HTTP 503: decode could not pull": 12}}
+    guarded = {**_report(gcs, FOUND, kv={**refused, "kv_replicas_new_at_end": ["n3w"]}),
+               "kv_guard": {"on": 2, "aside": 1, "tripped": 1}}  # fmt: skip
+    assert holds(guarded)
+    assert not holds({**guarded, "kv_guard": {"on": 2, "aside": 1, "tripped": 0}})  # a failed pull, no trip
+    stuck = {**_report(gcs, FOUND, kv={**refused, "kv_replicas_new_at_end": []}), "kv_guard": guarded["kv_guard"]}
+    assert not holds(stuck)  # decode never replaced
+    # The same failures without a guard: under recompute, a request may not fail.
+    assert not holds({**guarded, "kv_guard": {"on": 0, "aside": 2, "tripped": 0}})
+    # An engine that died of the cut (no pull counted) still passes when Serve replaced it and none was wrong.
+    died = _report(gcs, FOUND, kv={**refused, "kv_failed_transfers_while_cut": 0.0, "kv_replicas_new_at_end": ["n"]})
+    assert holds({**died, "kv_guard": {"on": 2, "aside": 1, "tripped": 0}})
+
+
 def test_the_runbooks_replacement_must_find_a_decode_replica_and_serve_again() -> None:
     gcs = {"requests_failed": 0, "completed_while_gcs_down": 2}
     replaced = {"fault": REPLACED, "killed": ["SERVE_REPLICA::pd-openai#Decode:m#a1"], "recovered_s": 50.0}
