@@ -19,8 +19,8 @@ import yaml
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.fault_tolerance import kv_guard
 
-# The pod annotation holding the guard's digest (mapping.kv_guard_program).
-KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
+# The pod annotation holding the guard's digest.
+KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"  # mapping.KV_GUARD_CODE (the rehearsal imports no CDK)
 
 LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.

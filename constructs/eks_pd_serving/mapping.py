@@ -14,16 +14,19 @@ from . import versions
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import DeploymentConfig
-from .fault_tolerance import kv_guard
+from .endpoint import proxy
+from .fault_tolerance import auth, kv_guard
 from .k8s import (
     ApiKeysSpec,
     EngineSpec,
     GcsFaultToleranceSpec,
+    InitProgram,
     KvGuardSpec,
     KvTransferSpec,
     ModelSpec,
     PodProgram,
     PodResources,
+    ProxyHook,
     RayAutoscalerSpec,
     RayServiceProps,
     ReplicaAutoscaling,
@@ -123,15 +126,57 @@ def kv_guard_spec(config: DeploymentConfig) -> KvGuardSpec | None:
     )
 
 
+# Pod annotations holding the digests of the code the pods run: new code is a RayCluster change
+# on purpose (the proxies and the init container read it once, at start).
+API_KEYS_CODE = "eks-pd-serving/api-keys-code"
+GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
+KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
+GCS_AUTH_CONTAINER = "gcs-auth"
+
+
+def api_keys_hook(config: DeploymentConfig) -> ProxyHook:
+    """The key check's code and names, shipped in every configuration (the ConfigMap stays when keys
+    go off: a RayCluster built with them still mounts it)."""
+    return ProxyHook(
+        program=_pod_program(f"{config.ray_service_name}-api-keys-code", proxy, API_KEYS_CODE),
+        callback_env=proxy.CALLBACK_ENV,
+        callback=proxy.CALLBACK,
+        secret_env=proxy.SECRET_ENV,
+        refresh_env=proxy.REFRESH_ENV,
+        max_stale_env=proxy.MAX_STALE_ENV,
+    )
+
+
+def gcs_auth() -> InitProgram:
+    return InitProgram(
+        container=GCS_AUTH_CONTAINER,
+        source=auth.source(),
+        digest=auth.source_digest(),
+        annotation=GCS_AUTH_CODE,
+        volume=auth.VOLUME,
+        mount_path=auth.MOUNT_PATH,
+        env_file=auth.ENV_FILE,
+        key=auth.KEY,
+        secret_env=auth.SECRET_ENV,
+        file_env=auth.FILE_ENV,
+    )
+
+
 def kv_guard_program(config: DeploymentConfig) -> PodProgram:
     """The guard's code, shipped in every configuration (``RayServiceProps.kv_guard_program``)."""
+    return _pod_program(f"{config.ray_service_name}-kv-guard-code", kv_guard, KV_GUARD_CODE)
+
+
+def _pod_program(config_map: str, code: Any, annotation: str) -> PodProgram:
+    """``code``: a pod program's package (``endpoint.proxy``, ``fault_tolerance.kv_guard``): its
+    ``FILE_NAME``, ``MOUNT_PATH``, ``source()`` and ``source_digest()``."""
     return PodProgram(
-        config_map=f"{config.ray_service_name}-kv-guard-code",
-        file_name=kv_guard.FILE_NAME,
-        source=kv_guard.source(),
-        digest=kv_guard.source_digest(),
-        mount_path=kv_guard.MOUNT_PATH,
-        annotation="eks-pd-serving/kv-guard-code",
+        config_map=config_map,
+        file_name=code.FILE_NAME,
+        source=code.source(),
+        digest=code.source_digest(),
+        mount_path=code.MOUNT_PATH,
+        annotation=annotation,
     )
 
 
@@ -208,5 +253,7 @@ def ray_service_props(
         api_keys=api_keys,
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
+        api_keys_hook=api_keys_hook(config),
+        gcs_auth=gcs_auth() if gcs_fault_tolerance else None,
         gcs_fault_tolerance=gcs_fault_tolerance,
     )

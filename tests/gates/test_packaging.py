@@ -83,6 +83,37 @@ def test_the_cdk_free_parts_import_no_cdk(folder: str, forbidden: str) -> None:
     assert offenders == []
 
 
+def reaches_outside(folder: Path) -> dict[str, list[str]]:
+    """file -> the package modules it imports from outside ``folder`` by relative import
+    (``from ..endpoint import proxy`` is ``endpoint``)."""
+    import ast
+
+    found: dict[str, list[str]] = {}
+    for path in sorted(folder.rglob("*.py")):
+        depth = len(path.relative_to(folder).parts)  # 1: directly in folder
+        names = [
+            (node.module or "").split(".")[0] or node.names[0].name
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.ImportFrom) and node.level > depth
+        ]
+        if names:
+            found[str(path.relative_to(folder))] = names
+    return found
+
+
+def test_the_charts_import_no_feature_they_take_plain_props() -> None:
+    """Nothing under k8s/ imports a feature folder: the pods' programs (the key check, the GCS token
+    reader, the KV guard) reach the charts as data in their props, filled by the mapping."""
+    assert reaches_outside(PACKAGE / "k8s") == {}
+
+
+def test_the_relative_import_check_sees_an_offender(tmp_path: Path) -> None:
+    (tmp_path / "chart.py").write_text("from ..endpoint import proxy\nfrom .specs import x\nfrom . import specs\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "deep.py").write_text("from .. import specs\nfrom ...fault_tolerance.auth import KEY\n")
+    assert reaches_outside(tmp_path) == {"chart.py": ["endpoint"], "sub/deep.py": ["fault_tolerance"]}
+
+
 def test_the_import_check_sees_an_offender(tmp_path: Path) -> None:
     (tmp_path / "chart.py").write_text("from aws_cdk import Stack\n")
     (tmp_path / "relative.py").write_text("from .specs import x\nimport cdk8s.plus\n")

@@ -93,7 +93,7 @@ def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: 
 
 
 def proxy_code_annotation() -> str:
-    from eks_pd_serving.k8s.ray_service import API_KEYS_CODE
+    from eks_pd_serving.mapping import API_KEYS_CODE
 
     return API_KEYS_CODE
 

@@ -16,7 +16,7 @@ from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.fault_tolerance import auth
-from eks_pd_serving.k8s.ray_service import GCS_AUTH_CODE, GCS_AUTH_CONTAINER
+from eks_pd_serving.mapping import GCS_AUTH_CODE, GCS_AUTH_CONTAINER
 
 
 @pytest.fixture(scope="module")

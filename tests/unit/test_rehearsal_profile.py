@@ -207,3 +207,9 @@ def test_the_s3_rehearsal_stages_under_the_deployed_prefix_and_proves_the_copy(t
     assert not staged.loaded_from_s3("qwen3.5-9b", checkpoint)  # not the staged bytes
     (snapshot / "model.safetensors").write_bytes(b"weights")
     assert staged.loaded_from_s3("qwen3.5-9b", checkpoint)
+
+
+def test_the_guards_annotation_is_the_mappings() -> None:
+    from eks_pd_serving import mapping
+
+    assert profile.KV_GUARD_CODE == mapping.KV_GUARD_CODE

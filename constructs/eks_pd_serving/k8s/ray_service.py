@@ -12,13 +12,12 @@ import cdk8s
 import cdk8s_plus_35 as kplus
 from constructs import Construct
 
-from ..endpoint import proxy
-from ..fault_tolerance import auth
 from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
 from .specs import (
     DASHBOARD_PORT,
     SERVE_PORT,
     GcsFaultToleranceSpec,
+    InitProgram,
     PodProgram,
     PodResources,
     RayAutoscalerSpec,
@@ -28,14 +27,9 @@ from .specs import (
 
 SAFE_TO_EVICT = "cluster-autoscaler.kubernetes.io/safe-to-evict"
 LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
-# The API key check's code on the pods: its digest in the pod template makes new code a
-# deliberate RayCluster change (the proxies import it once, at start).
-API_KEYS_CODE = "eks-pd-serving/api-keys-code"
+# The volumes the pods' programs (RayServiceProps: api_keys_hook, kv_guard_program) are mounted from.
 _API_KEYS_VOLUME = "api-keys-code"
 _KV_GUARD_VOLUME = "kv-guard-code"
-# The GCS store's token reader (fault_tolerance/auth): its digest, for the same reason.
-GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
-GCS_AUTH_CONTAINER = "gcs-auth"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -80,20 +74,17 @@ class RayNamespaceChart(cdk8s.Chart):
                     kind="ServiceAccount",
                     metadata=cdk8s.ApiObjectMetadata(name=account, namespace=props.namespace),
                 )
-        kplus.ConfigMap(
-            self,
-            "ApiKeysCode",
-            metadata=cdk8s.ApiObjectMetadata(name=api_keys_config_map(props.name), namespace=props.namespace),
-            data={proxy.FILE_NAME: proxy.source()},
-        )
-        program = props.kv_guard_program
-        if program is not None:
-            kplus.ConfigMap(
-                self,
-                "KvGuardCode",
-                metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=props.namespace),
-                data={program.file_name: program.source},
-            )
+        for construct_id, program in (
+            ("ApiKeysCode", props.api_keys_hook.program if props.api_keys_hook else None),
+            ("KvGuardCode", props.kv_guard_program),
+        ):
+            if program is not None:
+                kplus.ConfigMap(
+                    self,
+                    construct_id,
+                    metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=props.namespace),
+                    data={program.file_name: program.source},
+                )
 
 
 class RayServiceChart(cdk8s.Chart):
@@ -112,22 +103,20 @@ class RayServiceChart(cdk8s.Chart):
         service.add_json_patch(cdk8s.JsonPatch.add("/spec", ray_service_spec(props)))
 
 
-def api_keys_config_map(ray_service_name: str) -> str:
-    return f"{ray_service_name}-api-keys-code"
-
-
 def _api_keys_env(props: RayServiceProps, python_path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """Every Serve proxy (one per Ray pod) loads the check; none of this is a key. ``python_path``:
     the pod's other program folders, which share the one PYTHONPATH."""
-    keys = props.api_keys
+    keys, hook = props.api_keys, props.api_keys_hook
     if keys is None:
         return _python_path(python_path)
+    if hook is None:
+        raise ValueError("RayServiceProps.api_keys needs api_keys_hook (the check's code and names)")
     return [
-        {"name": proxy.CALLBACK_ENV, "value": proxy.CALLBACK},
-        *_python_path((proxy.MOUNT_PATH, *python_path)),
-        {"name": proxy.SECRET_ENV, "value": keys.secret_arn},
-        {"name": proxy.REFRESH_ENV, "value": str(keys.refresh_s)},
-        {"name": proxy.MAX_STALE_ENV, "value": str(keys.max_stale_s)},
+        {"name": hook.callback_env, "value": hook.callback},
+        *_python_path((hook.program.mount_path, *python_path)),
+        {"name": hook.secret_env, "value": keys.secret_arn},
+        {"name": hook.refresh_env, "value": str(keys.refresh_s)},
+        {"name": hook.max_stale_env, "value": str(keys.max_stale_s)},
     ]
 
 
@@ -151,19 +140,9 @@ def _with_program(program: PodProgram | None, volume: str, pod: dict[str, Any]) 
 
 def _with_api_keys(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any]:
     """``pod`` (a group's template) with the check's code mounted and its digest annotated."""
-    if props.api_keys is None:
+    if props.api_keys is None or props.api_keys_hook is None:
         return pod
-    spec = pod["spec"]
-    (container,) = spec["containers"]
-    container["volumeMounts"] = [
-        *container["volumeMounts"],
-        {"name": _API_KEYS_VOLUME, "mountPath": proxy.MOUNT_PATH, "readOnly": True},
-    ]
-    spec["volumes"] = [
-        *spec["volumes"],
-        {"name": _API_KEYS_VOLUME, "configMap": {"name": api_keys_config_map(props.name)}},
-    ]
-    return _annotated(pod, API_KEYS_CODE, proxy.source_digest())
+    return _with_program(props.api_keys_hook.program, _API_KEYS_VOLUME, pod)
 
 
 def _annotated(pod: dict[str, Any], key: str, digest: str) -> dict[str, Any]:
@@ -181,7 +160,9 @@ def serve_config_yaml(props: RayServiceProps) -> str:
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
     cluster: dict[str, Any] = {"rayVersion": props.ray_version}
     if props.gcs_fault_tolerance:
-        cluster["gcsFaultToleranceOptions"] = _gcs_fault_tolerance(props.gcs_fault_tolerance)
+        if props.gcs_auth is None:
+            raise ValueError("RayServiceProps.gcs_fault_tolerance needs gcs_auth (the token reader)")
+        cluster["gcsFaultToleranceOptions"] = _gcs_fault_tolerance(props.gcs_fault_tolerance, props.gcs_auth)
     if props.autoscaler:
         cluster.update(enableInTreeAutoscaling=True, autoscalerOptions=_autoscaler(props.autoscaler))
     cluster.update(
@@ -195,7 +176,7 @@ def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
     }
 
 
-def _gcs_fault_tolerance(spec: GcsFaultToleranceSpec) -> dict[str, Any]:
+def _gcs_fault_tolerance(spec: GcsFaultToleranceSpec, auth: InitProgram) -> dict[str, Any]:
     """KubeRay sets RAY_REDIS_ADDRESS and REDIS_PASSWORD on the head from these, the storage
     namespace to the RayCluster's UID (each cluster a NewCluster upgrade builds starts empty), and
     the workers' GCS reconnect timeout to 600 s. The password is read by the kubelet from the env
@@ -203,7 +184,7 @@ def _gcs_fault_tolerance(spec: GcsFaultToleranceSpec) -> dict[str, Any]:
     return {
         "redisAddress": spec.redis_address,
         "redisPassword": {
-            "valueFrom": {"fileKeyRef": {"volumeName": auth.VOLUME, "path": auth.ENV_FILE, "key": auth.KEY}}
+            "valueFrom": {"fileKeyRef": {"volumeName": auth.volume, "path": auth.env_file, "key": auth.key}}
         },
     }
 
@@ -212,27 +193,29 @@ def _with_gcs_auth(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any
     """The head's template with the init container that writes the store's token to a
     memory-backed emptyDir (the Ray container does not mount it). KubeRay's Redis cleanup Job
     copies the head's template, init container included, so it can authenticate too."""
-    ft = props.gcs_fault_tolerance
+    ft, auth = props.gcs_fault_tolerance, props.gcs_auth
     if ft is None:
         return pod
+    if auth is None:
+        raise ValueError("RayServiceProps.gcs_fault_tolerance needs gcs_auth (the token reader)")
     spec = pod["spec"]
     (ray,) = spec["containers"]
     amounts = {"cpu": "100m", "memory": "256Mi"}
     spec["initContainers"] = [
         {
-            "name": GCS_AUTH_CONTAINER,
+            "name": auth.container,
             "image": ray["image"],
-            "command": ["python", "-c", auth.source()],
+            "command": ["python", "-c", auth.source],
             "env": [
-                {"name": auth.SECRET_ENV, "value": ft.auth_secret_arn},
-                {"name": auth.FILE_ENV, "value": f"{auth.MOUNT_PATH}/{auth.ENV_FILE}"},
+                {"name": auth.secret_env, "value": ft.auth_secret_arn},
+                {"name": auth.file_env, "value": f"{auth.mount_path}/{auth.env_file}"},
             ],
             "resources": {"requests": amounts, "limits": dict(amounts)},
-            "volumeMounts": [{"name": auth.VOLUME, "mountPath": auth.MOUNT_PATH}],
+            "volumeMounts": [{"name": auth.volume, "mountPath": auth.mount_path}],
         }
     ]
-    spec["volumes"] = [*spec["volumes"], {"name": auth.VOLUME, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
-    return _annotated(pod, GCS_AUTH_CODE, auth.source_digest())
+    spec["volumes"] = [*spec["volumes"], {"name": auth.volume, "emptyDir": {"medium": "Memory", "sizeLimit": "1Mi"}}]
+    return _annotated(pod, auth.annotation, auth.digest)
 
 
 def _autoscaler(spec: RayAutoscalerSpec) -> dict[str, Any]:

@@ -80,6 +80,38 @@ class PodProgram:
 
 
 @dataclass(frozen=True)
+class ProxyHook:
+    """The Serve proxies' API key check as the pods load it: its code (``program``, on every Ray
+    pod's PYTHONPATH), Ray's hook that imports it (``callback_env`` = ``callback``) and the env
+    names it reads."""
+
+    program: PodProgram
+    callback_env: str
+    callback: str
+    secret_env: str
+    refresh_env: str
+    max_stale_env: str
+
+
+@dataclass(frozen=True)
+class InitProgram:
+    """A program the head's init container runs (``python -c source``): it reads the secret named by
+    ``secret_env`` and writes ``key=...`` to ``env_file`` (named by ``file_env``) on the
+    memory-backed ``volume`` at ``mount_path``; ``annotation`` carries the source's digest."""
+
+    container: str
+    source: str
+    digest: str
+    annotation: str
+    volume: str
+    mount_path: str
+    env_file: str
+    key: str
+    secret_env: str
+    file_env: str
+
+
+@dataclass(frozen=True)
 class KvGuardSpec:
     """Decode's KV guard: the engine class the GPU workers' replicas build (``engine_cls_env`` names
     it in the workers' env, beside the code it names: both change with the RayCluster, never the
@@ -217,6 +249,11 @@ class RayServiceProps:
     # The KV guard's code, mounted on every GPU worker whether the guard is on or off: turning it
     # off or on is then a serve-config change alone, and no running pod loses what it mounts.
     kv_guard_program: PodProgram | None = None
+    # The key check's code and names, shipped in every configuration like the guard's; required
+    # with ``api_keys``.
+    api_keys_hook: ProxyHook | None = None
+    # The GCS store's token reader; required with ``gcs_fault_tolerance``.
+    gcs_auth: InitProgram | None = None
     # None: the engines are Ray's own (kv_pull_guard off).
     kv_guard: KvGuardSpec | None = None
 
