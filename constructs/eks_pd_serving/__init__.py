@@ -40,6 +40,9 @@ _EXPORTS = {
     "InternalEndpoint": "endpoint.internal_endpoint",
     "CloudWatchObservability": "observability.addon",
     "ServingDashboard": "observability.dashboard",
+    "ModelWeights": "weights.model_weights",
+    "ApiKeys": "endpoint.api_keys",
+    "GcsStore": "fault_tolerance.gcs_store",
 }
 __all__ = [*_EXPORTS, "__version__"]
 
