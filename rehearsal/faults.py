@@ -622,7 +622,6 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             link.remove()
         if "replace" in args.faults:
             _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
-        events.write({"type": "kv_guard", "lines": _guard_lines()})  # before the GCS fault can end the run
         if "gcs" not in args.faults:
             return 0
         if store is not None:
@@ -637,27 +636,14 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
     return 0
 
 
-def _guard_lines() -> dict[str, int]:
-    """The KV guard's lines in this run's Serve replica logs (where Ray Serve writes them; a pod's
-    log has them too, Serve logging to stderr there), by what they say: on, stood aside, tripped."""
-    import ray
-
-    logs = Path(ray._private.worker._global_node.get_session_dir_path(), "logs", "serve")
-    counts = dict.fromkeys(kv_guard.lines(), 0)
-    for path in logs.glob("replica_*.log"):
-        text = path.read_text(errors="replace")
-        for what, phrase in kv_guard.lines().items():
-            counts[what] += text.count(f"{phrase}:")  # the guard's own line, not a health check's error
-    return counts
-
-
 class Output:
     """The child's output (the engines' and Ray's too), passed through as it comes, and the lines
     the ``KvPullFailed`` alarm's filter counts on the cluster."""
 
     def __init__(self, child: subprocess.Popen[str]) -> None:
         self.pull_failed_lines = 0
-        self.guard_lines = dict.fromkeys(kv_guard.lines(), 0)  # where Serve logs to stderr (GPU runs)
+        # The KV guard's lines (Serve logs them to stderr here, as in a pod; its log files buffer).
+        self.guard_lines = dict.fromkeys(kv_guard.lines(), 0)
         self._thread = threading.Thread(target=self._read, args=(child,), daemon=True)
         self._thread.start()
 
@@ -748,8 +734,7 @@ def main(argv: list[str] | None = None) -> int:
     output.join()
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
-    logged: dict[str, int] = next((e["lines"] for e in events if e["type"] == "kv_guard"), {})
-    report["kv_guard"] = {k: max(v, logged.get(k, 0)) for k, v in output.guard_lines.items()}
+    report["kv_guard"] = output.guard_lines
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(

@@ -3,9 +3,7 @@ into a ConfigMap mounted on every Ray pod, on the pods' PYTHONPATH."""
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
+from ..._private import pod_code
 from .eks_pd_api_keys import DROPPED_LINE, MAX_STALE_ENV, REFRESH_ENV, SECRET_ENV, UNREAD_LINE
 
 MODULE = "eks_pd_api_keys"
@@ -18,12 +16,12 @@ FILE_NAME = f"{MODULE}.py"
 
 def source() -> str:
     """The module's text, exactly as the pods import it."""
-    return (Path(__file__).parent / FILE_NAME).read_text()
+    return pod_code.source(__file__, FILE_NAME)
 
 
 def source_digest() -> str:
     """Short digest of the source: a pod annotation, so new code restarts the proxies on purpose."""
-    return hashlib.sha256(source().encode()).hexdigest()[:16]
+    return pod_code.digest(source())
 
 
 __all__ = [

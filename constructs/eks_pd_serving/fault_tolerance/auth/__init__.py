@@ -4,9 +4,7 @@ to the Ray container through an env file on a memory-backed emptyDir (``fileKeyR
 
 from __future__ import annotations
 
-import hashlib
-from pathlib import Path
-
+from ..._private import pod_code
 from .eks_pd_gcs_auth import FIELD, FILE_ENV, KEY, SECRET_ENV
 
 FILE_NAME = "eks_pd_gcs_auth.py"
@@ -17,11 +15,11 @@ ENV_FILE = "auth.env"
 
 def source() -> str:
     """The init container's program, exactly as it runs."""
-    return (Path(__file__).parent / FILE_NAME).read_text()
+    return pod_code.source(__file__, FILE_NAME)
 
 
 def source_digest() -> str:
-    return hashlib.sha256(source().encode()).hexdigest()[:16]
+    return pod_code.digest(source())
 
 
 __all__ = ["ENV_FILE", "FIELD", "FILE_ENV", "KEY", "MOUNT_PATH", "SECRET_ENV", "VOLUME", "source", "source_digest"]

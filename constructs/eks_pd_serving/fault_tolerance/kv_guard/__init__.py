@@ -1,14 +1,14 @@
 """Decode's KV guard (``eks_pd_kv_guard``, pod-side) and how it ships: its source goes into a
-ConfigMap mounted on every GPU worker, on the pods' PYTHONPATH, and the decode replica's
-``runtime_env`` names its engine class. The pod module imports Ray; its names are read here from
+ConfigMap mounted on every GPU worker, on the pods' PYTHONPATH, and the workers' env names its
+engine class (prefill's engine stands aside). The pod module imports Ray; its names are read here from
 its text, so the package does not need Ray."""
 
 from __future__ import annotations
 
 import ast
-import hashlib
 from functools import cache
-from pathlib import Path
+
+from ..._private import pod_code
 
 MODULE = "eks_pd_kv_guard"
 FILE_NAME = f"{MODULE}.py"
@@ -19,12 +19,12 @@ ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
 
 def source() -> str:
     """The module's text, exactly as the pods import it."""
-    return (Path(__file__).parent / FILE_NAME).read_text()
+    return pod_code.source(__file__, FILE_NAME)
 
 
 def source_digest() -> str:
     """Short digest of the source: a pod annotation, so new code restarts the workers on purpose."""
-    return hashlib.sha256(source().encode()).hexdigest()[:16]
+    return pod_code.digest(source())
 
 
 @cache
