@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -87,6 +88,8 @@ KV_PORTS = (23000, 23999)
 KV_UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_PORT_RANGE": "{}-{}".format(*KV_PORTS)}
 KV_CUT_S = 10.0
 FAULTS = ("decode", "prefill", "kv", "replace", "gcs")
+# Serve puts each request's id in its error body ("Request ID: <uuid>").
+REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REPLACED = "decode replica replaced by the runbook's command"
 
 
@@ -107,15 +110,16 @@ class Outcome:
 
     @property
     def kind(self) -> str:
-        """How it ended, as a client sees it."""
+        """How it ended, as a client sees it (request ids left out: kinds are counted)."""
+        error = REQUEST_ID.sub("<id>", self.error or "")
         if self.complete:
             return "complete"
         if self.status is None:
-            return f"no response ({(self.error or '')[:80]})"
+            return f"no response ({error[:80]})"
         if self.status != 200:
-            return f"HTTP {self.status}: {(self.error or '')[:100]}"
+            return f"HTTP {self.status}: {error[:100]}"
         if self.error:
-            return f"error chunk: {self.error[:100]}"
+            return f"error chunk: {error[:100]}"
         return f"stream cut after {len(self.text)} characters (HTTP 200, no [DONE])"
 
 
@@ -396,6 +400,10 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "recovered_s": recovered_s,
                 "held_s": fault["hold_s"],
                 "first_failure_s": min((o.ended - at for o in affected if not o.complete), default=None),
+                # The bounds a client meets: how long after the fault the requests in flight at it
+                # ended, and the longest a failed request took from its start to its end.
+                "in_flight_ended_s": max((o.ended - at for o in window if o.started <= at), default=None),
+                "longest_failed_s": max((o.ended - o.started for o in affected if not o.complete), default=None),
                 "completed": len(completed),
                 "wrong_answers": sum(o.text not in (control[o.prompt], pd[o.prompt]) for o in completed),
                 "answered_as_control": sum(o.text == control[o.prompt] != pd[o.prompt] for o in completed),
@@ -556,7 +564,9 @@ def _child(args: argparse.Namespace) -> int:
     # Serve's replica lines on stderr too (its log files buffer them): the parent counts the KV
     # guard's from the child's output, as a pod's log would show them.
     env["RAY_SERVE_LOG_TO_STDERR"] = "1"
-    if "kv" in args.faults:
+    # On a GPU, every fault's KV goes over TCP: the two engines share one GPU there, where UCX
+    # would take CUDA IPC, which no two nodes have (deployed, KV crosses EFA).
+    if "kv" in args.faults or args.gpu:
         env.update(KV_UCX_ENV)
         if args.gpu:
             # KV stays in CUDA memory as deployed; UCX copies it through host memory onto TCP.

@@ -226,3 +226,27 @@ def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_lin
     assert (
         ran.returncode == 2 and "--faults: 'kv,disk': name one or more of decode,prefill,kv,replace,gcs" in ran.stderr
     )
+
+
+def test_failures_are_counted_by_kind_without_request_ids_and_the_bounds_are_measured() -> None:
+    """Serve names each request in its error body; counted by kind they would all be singletons
+    (the 2026-12-03 control's 308 failures read as 308 kinds). The in-flight bound is from the
+    fault, the failed one from each request's own start: a request queued after the fault until
+    the client's timeout is the longest failure, not an in-flight one."""
+    body = '{"error":{"message":"Message: Internal Server Error (Request ID: %s)"}}'
+    (result,) = judge(
+        events(
+            outcome(9.5, 10.1, status=500, error=body % "db137927-23b6-48ec-b47b-f5f4253e9666"),
+            outcome(9.8, 10.2, status=500, error=body % "cc33edad-4774-450b-8d0d-e2a298a3ba10"),
+            outcome(10.3, 130.3, status=None, error="ReadTimeout: timed out", text=""),
+            outcome(130.5, 131.0),
+            outcome(131.0, 132.0),
+        ),
+        bound_s=240,
+    )
+    assert result["failures"] == {
+        'HTTP 500: {"error":{"message":"Message: Internal Server Error (Request ID: <id>)"}}': 2,
+        "no response (ReadTimeout: timed out)": 1,
+    }
+    assert round(result["in_flight_ended_s"], 3) == 0.2
+    assert round(result["longest_failed_s"], 3) == 120.0
