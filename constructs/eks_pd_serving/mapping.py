@@ -36,6 +36,13 @@ from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
 
 
+def access_logs_prefix(config: DeploymentConfig, source: str) -> str:
+    """Where ``source`` (``s3``: the weights bucket, ``nlb``: the endpoint) logs in
+    ``access_logs_bucket``: one folder per cluster (its name is unique in the account and region).
+    S3 appends the object key to the prefix (so it ends with "/"); an NLB appends "/AWSLogs/..."."""
+    return f"{config.cluster_name}/{source}/" if source == "s3" else f"{config.cluster_name}/{source}"
+
+
 def region(config: DeploymentConfig) -> str:
     """The region setting, or the stack's region token (an environment-agnostic stack)."""
     return config.region or Aws.REGION

@@ -7,6 +7,7 @@ from __future__ import annotations
 from aws_cdk import Annotations, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from . import mapping, observability
@@ -169,6 +170,14 @@ class PdServing(Construct):
             log_groups=self.log_groups,
             hf_token_secret=config.hf_token_secret,
             removal=config.model_bucket_removal,
+            access_logs=(
+                (
+                    s3.Bucket.from_bucket_name(self, "AccessLogsBucket", config.access_logs_bucket),
+                    mapping.access_logs_prefix(config, "s3"),
+                )
+                if config.access_logs_bucket
+                else None
+            ),
         )
         return self.weights
 
@@ -307,6 +316,11 @@ class PdServing(Construct):
                 subnet_ids=tuple(private.subnet_ids),
                 client_cidrs=client_cidrs,
                 tls_certificate_arn=config.tls_certificate_arn,
+                access_logs=(
+                    (config.access_logs_bucket, mapping.access_logs_prefix(config, "nlb"))
+                    if config.access_logs_bucket and config.tls_certificate_arn
+                    else None
+                ),
             ),
             cluster=self.eks.cluster,
             controller=self.load_balancer_controller,

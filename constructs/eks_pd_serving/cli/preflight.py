@@ -7,7 +7,8 @@ against its GPU groups' need), compares each GPU type's catalogue row with EC2's
 DescribeInstanceTypes (vCPUs, memory, GPUs, GPU memory, EFA interfaces), checks the CDK bootstrap
 stack, that none of the log groups the stack creates under fixed names exists yet and, with
 observability, that EKS offers the pinned CloudWatch add-on version for the Kubernetes version and
-accepts the stack's configuration values (the add-on's own JSON schema, from EKS), then writes the
+accepts the stack's configuration values (the add-on's own JSON schema, from EKS), with
+``access_logs_bucket`` that the bucket is in the region and admits the log writers, then writes the
 AZs into cdk.context.json so the next synth pins them.
 """
 
@@ -165,6 +166,71 @@ def check_log_groups(logs: Any, config: DeploymentConfig) -> tuple[str, bool, st
     return "Log groups", True, "none of the stack's named log groups exists yet"
 
 
+# Who writes access logs into a bucket (its policy must allow them s3:PutObject there): S3 for a
+# bucket's server access logs, the log delivery service for an NLB's (Elastic Load Balancing guide,
+# "Enable access logs for your Network Load Balancer").
+LOG_WRITERS = {"s3": "logging.s3.amazonaws.com", "nlb": "delivery.logs.amazonaws.com"}
+
+
+def access_log_sources(config: DeploymentConfig) -> list[str]:
+    """What logs into ``access_logs_bucket`` with these settings (see PdServing)."""
+    found = ["s3"] if config.weights_source == "s3" else []
+    if config.endpoint_exposure == "internal" and config.tls_certificate_arn:
+        found.append("nlb")
+    return found
+
+
+def _allowed_writers(policy: dict[str, Any]) -> set[str]:
+    """Service principals the policy allows s3:PutObject (any resource in the bucket)."""
+    found: set[str] = set()
+    for statement in policy.get("Statement", []):
+        actions = statement.get("Action", [])
+        actions = [actions] if isinstance(actions, str) else actions
+        if statement.get("Effect") != "Allow" or not {"s3:PutObject", "s3:*", "*"} & set(actions):
+            continue
+        services = (
+            (statement.get("Principal") or {}).get("Service", [])
+            if isinstance(statement.get("Principal"), dict)
+            else []
+        )
+        found |= {services} if isinstance(services, str) else set(services)
+    return found
+
+
+def check_access_logs_bucket(s3: Any, config: DeploymentConfig, region: str) -> tuple[str, bool, str]:
+    """Is ``access_logs_bucket`` in this region, and does its policy let each writer in? S3 and
+    ELB take the setting at deploy time and fail (or write nothing) later, where nobody looks."""
+    from botocore.exceptions import ClientError
+
+    bucket = config.access_logs_bucket
+    name = "Access logs bucket"
+    try:
+        # us-east-1 answers with no constraint, and the oldest buckets in eu-west-1 with "EU".
+        location = s3.get_bucket_location(Bucket=bucket).get("LocationConstraint") or "us-east-1"
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        return name, False, f"{bucket}: {code}. Fix: create it in {region}, or name a bucket of this account there"
+    location = "eu-west-1" if location == "EU" else location
+    if location != region:
+        return name, False, f"{bucket} is in {location}, the stack in {region}. Fix: name a bucket in {region}"
+    try:
+        policy = json.loads(s3.get_bucket_policy(Bucket=bucket)["Policy"])
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "NoSuchBucketPolicy":
+            raise
+        policy = {}
+    missing = [LOG_WRITERS[s] for s in access_log_sources(config) if LOG_WRITERS[s] not in _allowed_writers(policy)]
+    if missing:
+        return (
+            name,
+            False,
+            f"{bucket}'s policy does not allow {' or '.join(missing)} s3:PutObject. Fix: add the statements in "
+            "docs/features/security.md#access-logs",
+        )
+    writers = ", ".join(LOG_WRITERS[s] for s in access_log_sources(config))
+    return name, True, f"{bucket} is in {region} and its policy lets {writers} write"
+
+
 def check(
     ec2: Any,
     quotas: Any,
@@ -173,6 +239,7 @@ def check(
     region: str,
     eks: Any | None = None,
     logs: Any | None = None,
+    s3: Any | None = None,
 ) -> Result:
     """The deploy-time capacity checks (``capacity.checks``, the same code), on the AZ this
     resolves, then the CDK bootstrap stack, the named log groups (``logs`` given) and (``eks``
@@ -201,6 +268,8 @@ def check(
         result.checks.append(check_log_groups(logs, config))
     if eks is not None and config.observability:
         result.checks.append(check_cloudwatch_addon(eks, config, region))
+    if s3 is not None and config.access_logs_bucket:
+        result.checks.append(check_access_logs_bucket(s3, config, region))
     return result
 
 
@@ -236,6 +305,7 @@ def run(args: argparse.Namespace) -> int:
             region,
             eks=session.client("eks"),
             logs=session.client("logs"),
+            s3=session.client("s3"),
         )
     except PreflightFailed as error:
         console.print(f"preflight failed: {error}")

@@ -30,6 +30,11 @@ SECRET_COMPLETE_ARN = re.compile(
     r"^arn:aws[a-z-]*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[\w/+=.@-]{1,512}-[A-Za-z0-9]{6}$"
 )
 CERTIFICATE_ARN = re.compile(r"^arn:aws[a-z-]*:acm:[a-z0-9-]+:\d{12}:certificate/[0-9a-f-]{36}$")
+# S3's general purpose bucket naming rules (no "..", no IP-address form, no reserved prefix or suffix).
+BUCKET_NAME = re.compile(
+    r"^(?!xn--|sthree-|amzn-s3-demo-)(?!.*\.\.)(?!\d+\.\d+\.\d+\.\d+$)(?!.*(-s3alias|--ol-s3|--x-s3|\.mrap)$)"
+    r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$"
+)
 ROLE_ARN = re.compile(r"^arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}$")
 NIXL_NETWORK_BACKENDS = ("LIBFABRIC", "UCX")
 
@@ -68,6 +73,7 @@ class FieldRules(BaseModel):
         "api_keys",
         "api_keys_secret_arn",
         "tls_certificate_arn",
+        "access_logs_bucket",
         "image",
         "prefill_gpu_instance_type",
         "prefill_gpu_node_count",
@@ -187,6 +193,13 @@ class FieldRules(BaseModel):
     def _certificate(cls, value: str | None) -> str | None:
         if value is not None and not CERTIFICATE_ARN.match(value):
             raise ValueError("not an ACM certificate ARN")
+        return value
+
+    @field_validator("access_logs_bucket", check_fields=False)
+    @classmethod
+    def _bucket_name(cls, value: str | None) -> str | None:
+        if value is not None and not BUCKET_NAME.match(value):
+            raise ValueError("not an S3 bucket name (a name, not an ARN or s3:// URL)")
         return value
 
     @field_validator("admin_role_arn", check_fields=False)

@@ -127,6 +127,12 @@ class DeploymentConfig(Settings, FieldRules):
                 "text to the NLB's TCP listener. Set tls_certificate_arn (an ACM certificate in this region) to "
                 "terminate TLS at the NLB."
             )
+        if self.access_logs_bucket and self.endpoint_exposure == "internal" and not self.tls_certificate_arn:
+            found.append(
+                f"access_logs_bucket={self.access_logs_bucket!r} gets the weights bucket's logs only: an NLB writes "
+                "access logs for TLS listeners alone, and without tls_certificate_arn it has a TCP one. Set "
+                "tls_certificate_arn to log the endpoint's connections too."
+            )
         if self.observability and not self.alarm_email:
             found.append(
                 "no alarm_email: the alarms (KvPullFailed among them) change state in CloudWatch and notify nobody. "

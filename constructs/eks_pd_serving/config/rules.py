@@ -64,6 +64,12 @@ def _check_endpoint(config: Settings) -> None:
             f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, "
             "or drop endpoint_client_cidrs"
         )
+    if config.access_logs_bucket and config.weights_source != "s3" and not config.tls_certificate_arn:
+        raise ValueError(
+            f"access_logs_bucket={config.access_logs_bucket!r} has nothing to log: no weights bucket "
+            f"(weights_source={config.weights_source!r}) and no TLS listener on an NLB (an NLB logs TLS only). "
+            "Fix: set weights_source=s3 or tls_certificate_arn, or drop access_logs_bucket"
+        )
     region = config.region or ""
     other_partition = region.startswith("cn-") or "-gov-" in region or "-iso" in region
     if config.endpoint_exposure == "internal" and other_partition:

@@ -526,6 +526,20 @@ class Settings(BaseModel):
             "an ACM certificate ARN, arn:aws:acm:<region>:<account>:certificate/<id>", means="plain HTTP on port 80"
         ),
     )
+    access_logs_bucket: str | None = Field(
+        None,
+        description=(
+            "Name of an S3 bucket of yours in this account and region for access logs: the weights bucket's "
+            "server access logs (weights_source=s3), under <cluster_name>/s3/, and the internal NLB's (with "
+            "tls_certificate_arn: an NLB logs TLS listeners only), under <cluster_name>/nlb/. Its bucket policy "
+            "must admit both log delivery services; the stack does not own it, so the logs outlive cdk destroy."
+        ),
+        json_schema_extra=_hint(
+            "an S3 bucket's name: 3-63 lowercase letters, digits, '.' or '-', starting and ending with a letter "
+            "or digit",
+            means="no access logs",
+        ),
+    )
     gcs_fault_tolerance: bool = Field(
         True,
         description=(

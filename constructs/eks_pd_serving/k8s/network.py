@@ -73,6 +73,9 @@ class EndpointServiceProps:
     client_cidrs: tuple[str, ...]
     #: An ACM certificate: the NLB ends TLS on 443 and has no plain-HTTP listener. Default: HTTP on 80.
     tls_certificate_arn: str | None = None
+    #: A bucket and prefix for the NLB's access logs (of its TLS listener: an NLB logs no other).
+    #: Default: none.
+    access_logs: tuple[str, str] | None = None
 
 
 def _tcp(port: int) -> kplus.NetworkPolicyPort:
@@ -153,6 +156,14 @@ class EndpointServiceChart(cdk8s.Chart):
                 }
             )
             port = kplus.ServicePort(name="https", port=TLS_ENDPOINT_PORT, target_port=SERVE_PORT)
+        if props.access_logs:
+            if not props.tls_certificate_arn:
+                raise ValueError("EndpointServiceProps.access_logs needs tls_certificate_arn: an NLB logs TLS only")
+            bucket, prefix = props.access_logs
+            # The controller sets them as the NLB's attributes (ModifyLoadBalancerAttributes, in its policy).
+            annotations["service.beta.kubernetes.io/aws-load-balancer-attributes"] = (
+                f"access_logs.s3.enabled=true,access_logs.s3.bucket={bucket},access_logs.s3.prefix={prefix}"
+            )
         service = kplus.Service(
             self,
             "Endpoint",

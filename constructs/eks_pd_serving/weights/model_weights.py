@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import CustomResource, Duration, RemovalPolicy
+from aws_cdk import Annotations, CustomResource, Duration, RemovalPolicy
 from aws_cdk import aws_codebuild as codebuild
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
@@ -57,6 +57,9 @@ class ModelWeights(Construct):
         only the job reads it. Default: none (public models).
     :param removal: ``destroy`` empties and deletes the bucket and its key with the stack;
         ``retain`` keeps both. Default: destroy.
+    :param access_logs: a bucket of the user's and a prefix there for the bucket's server access
+        logs (S3 delivers them; the target's bucket policy must admit ``logging.s3.amazonaws.com``).
+        Default: none.
     """
 
     def __init__(
@@ -69,6 +72,7 @@ class ModelWeights(Construct):
         log_groups: LogGroups,
         hf_token_secret: str | None = None,
         removal: str = "destroy",
+        access_logs: tuple[s3.IBucket, str] | None = None,
     ) -> None:
         super().__init__(scope, id)
         destroy = removal == "destroy"
@@ -87,8 +91,16 @@ class ModelWeights(Construct):
             enforce_ssl=True,
             removal_policy=RemovalPolicy.DESTROY if destroy else RemovalPolicy.RETAIN,
             auto_delete_objects=destroy,
+            server_access_logs_bucket=access_logs[0] if access_logs else None,
+            server_access_logs_prefix=access_logs[1] if access_logs else None,
         )
-        nag.acknowledge(self.bucket, nag.MODEL_BUCKET)
+        if access_logs is None:
+            nag.acknowledge(self.bucket, nag.MODEL_BUCKET)
+        else:  # the target is the user's bucket: its policy is theirs (preflight checks it)
+            Annotations.of(self.bucket).acknowledge_warning(
+                "@aws-cdk/aws-s3:accessLogsPolicyNotAdded",
+                "access_logs_bucket is the user's; preflight checks its policy",
+            )
         if not destroy and self.bucket.policy is not None:
             # A retained bucket keeps its guard: the TLS-only policy outlives the stack with it.
             self.bucket.policy.apply_removal_policy(RemovalPolicy.RETAIN)
@@ -98,7 +110,8 @@ class ModelWeights(Construct):
             )
         bucket_cfn = self.bucket.node.default_child
         assert isinstance(bucket_cfn, s3.CfnBucket)
-        checkov.skip(bucket_cfn, checkov.S3_ACCESS_LOGGING, nag.MODEL_BUCKET_NO_ACCESS_LOGS)
+        if access_logs is None:
+            checkov.skip(bucket_cfn, checkov.S3_ACCESS_LOGGING, nag.MODEL_BUCKET_NO_ACCESS_LOGS)
         checkov.skip(
             bucket_cfn,
             checkov.S3_VERSIONING,
