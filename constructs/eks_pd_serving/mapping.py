@@ -1,23 +1,27 @@
 """The one place that maps the settings (``DeploymentConfig``) to what the constructs take: the
-region and image resolved once, the cluster's props, and the RayService chart's typed props (pod
-sizes, worker groups, engines, KV transfer). The constructs and the chart know nothing of the
-settings; ``PdServing`` only composes and orders what this returns."""
+region and image resolved once, the cluster's props, the endpoint's network (the serve port's
+CIDRs, the NLB's props), and the RayService chart's typed props (pod sizes, worker groups,
+engines, KV transfer). The constructs and the chart know nothing of the settings; ``PdServing``
+composes and orders what this returns (its reading of settings moves here, issue 39)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
-from aws_cdk import Aws
+from aws_cdk import Aws, Token
+from aws_cdk import aws_ec2 as ec2
 
 from . import versions
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
-from .config import DeploymentConfig
+from .config import ConfigError, DeploymentConfig
 from .endpoint import proxy
 from .fault_tolerance import auth, kv_guard
 from .k8s import (
     ApiKeysSpec,
+    EndpointServiceProps,
     EngineSpec,
     GcsFaultToleranceSpec,
     InitProgram,
@@ -34,6 +38,69 @@ from .k8s import (
 )
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
+
+
+@dataclasses.dataclass(frozen=True)
+class EndpointPlan:
+    """What the exposure makes of the network: the CIDRs the serve port's NetworkPolicy admits
+    besides the cluster's pods (the NLB's subnets; none with port-forward), and the internal NLB
+    Service's props (None with port-forward)."""
+
+    policy_cidrs: tuple[str, ...]
+    service: EndpointServiceProps | None
+
+
+def endpoint_plan(
+    config: DeploymentConfig,
+    *,
+    service_name: str,
+    namespace: str,
+    private_subnets: Sequence[ec2.ISubnet],
+    vpc_cidr: str | None,
+) -> EndpointPlan:
+    """The endpoint's network from the settings and the VPC's private subnets. The NLB's IP targets
+    see the NLB's own addresses (client IP preservation is off for IP targets), which lie in the
+    subnets it is placed in: the serve port admits those subnets; the NLB's security group admits
+    the client CIDRs (``endpoint_client_cidrs``, else the VPC's)."""
+    if not config.internal_endpoint:
+        return EndpointPlan(policy_cidrs=(), service=None)
+    policy_cidrs = tuple(dict.fromkeys(_subnet_cidr(subnet) for subnet in private_subnets))
+    if not config.endpoint_client_cidrs and vpc_cidr is None:
+        raise ConfigError(
+            "endpoint_exposure='internal' without endpoint_client_cidrs needs the brought VPC's IPv4 CIDR "
+            "at synth (the NLB admits the VPC by default). Fix: set endpoint_client_cidrs, or import the "
+            "VPC with ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
+        )
+    return EndpointPlan(
+        policy_cidrs=policy_cidrs,
+        service=EndpointServiceProps(
+            name=service_name,
+            namespace=namespace,
+            subnet_ids=tuple(subnet.subnet_id for subnet in private_subnets),
+            client_cidrs=config.endpoint_client_cidrs or (str(vpc_cidr),),
+            tls_certificate_arn=config.tls_certificate_arn,
+            access_logs=(
+                (config.access_logs_bucket, access_logs_prefix(config, "nlb"))
+                if config.access_logs_bucket and config.tls_certificate_arn
+                else None
+            ),
+        ),
+    )
+
+
+def _subnet_cidr(subnet: ec2.ISubnet) -> str:
+    """A private subnet's IPv4 CIDR as a literal (the serve port's NetworkPolicy names it)."""
+    try:
+        cidr = subnet.ipv4_cidr_block
+    except RuntimeError:  # imported by attributes without CIDRs
+        cidr = None
+    if cidr is None or Token.is_unresolved(cidr):
+        raise ConfigError(
+            f"endpoint_exposure='internal' needs the IPv4 CIDR of private subnet {subnet.subnet_id} at synth (the "
+            "serve port's NetworkPolicy admits the NLB's subnets). Fix: import the VPC with ec2.Vpc.from_lookup, "
+            "or give private_subnet_ipv4_cidr_blocks to ec2.Vpc.from_vpc_attributes"
+        )
+    return cidr
 
 
 def access_logs_prefix(config: DeploymentConfig, source: str) -> str:

@@ -24,7 +24,7 @@ from .endpoint.load_balancer_controller import AwsLoadBalancerController
 from .endpoint.serving_network import ServingNetwork
 from .fault_tolerance.gcs_store import GcsStore
 from .gpu_node_group import EfaGpuNodeGroup
-from .k8s import EndpointServiceProps, GcsFaultToleranceSpec, ServingNetworkProps
+from .k8s import GcsFaultToleranceSpec, ServingNetworkProps
 from .k8s.network import endpoint_service_name
 from .kuberay_operator import NAMESPACE as OPERATOR_NAMESPACE
 from .kuberay_operator import KubeRayOperator
@@ -273,23 +273,20 @@ class PdServing(Construct):
     def _expose(self, config: DeploymentConfig) -> None:
         """NetworkPolicies in every exposure; with ``internal``, the controller and the NLB Service."""
         vpc, namespace = self.network.vpc, self.ray_service.props.namespace
-        internal = config.endpoint_exposure == "internal"
-        policy_cidrs: tuple[str, ...] = ()
-        client_cidrs: tuple[str, ...] = ()
-        private = vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
-        if internal:
-            # The NLB's IP targets see the NLB's own addresses (client IP preservation is off for IP
-            # targets), which lie in the subnets it is placed in: the serve port admits those
-            # subnets; the NLB's security group admits the client CIDRs.
-            policy_cidrs = tuple(dict.fromkeys(_subnet_cidr(subnet) for subnet in private.subnets))
-            client_cidrs = config.endpoint_client_cidrs or (self._vpc_cidr(),)
+        plan = mapping.endpoint_plan(
+            config,
+            service_name=endpoint_service_name(self.ray_service.props.name),
+            namespace=namespace,
+            private_subnets=vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS).subnets,
+            vpc_cidr=self.network.cidr,
+        )
         self.serving_network = ServingNetwork(
             self,
             "ServingNetwork",
             props=ServingNetworkProps(
                 namespace=namespace,
                 operator_namespace=OPERATOR_NAMESPACE,
-                client_cidrs=policy_cidrs,
+                client_cidrs=plan.policy_cidrs,
                 metrics_scraper_namespace=observability.ADDON_NAMESPACE if config.observability else None,
                 metrics_port=observability.RAY_METRICS_PORT,
             ),
@@ -298,7 +295,7 @@ class PdServing(Construct):
         )
         self.load_balancer_controller: AwsLoadBalancerController | None = None
         self.internal_endpoint: InternalEndpoint | None = None
-        if not internal:
+        if plan.service is None:
             return
         self.load_balancer_controller = AwsLoadBalancerController(
             self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=self.region
@@ -310,32 +307,11 @@ class PdServing(Construct):
         self.internal_endpoint = InternalEndpoint(
             self,
             "InternalEndpoint",
-            props=EndpointServiceProps(
-                name=endpoint_service_name(self.ray_service.props.name),
-                namespace=namespace,
-                subnet_ids=tuple(private.subnet_ids),
-                client_cidrs=client_cidrs,
-                tls_certificate_arn=config.tls_certificate_arn,
-                access_logs=(
-                    (config.access_logs_bucket, mapping.access_logs_prefix(config, "nlb"))
-                    if config.access_logs_bucket and config.tls_certificate_arn
-                    else None
-                ),
-            ),
+            props=plan.service,
             cluster=self.eks.cluster,
             controller=self.load_balancer_controller,
             ray_service=self.ray_service,
         )
-
-    def _vpc_cidr(self) -> str:
-        cidr = self.network.cidr
-        if cidr is None:
-            raise ConfigError(
-                "endpoint_exposure='internal' without endpoint_client_cidrs needs the brought VPC's IPv4 CIDR "
-                "at synth (the NLB admits the VPC by default). Fix: set endpoint_client_cidrs, or import the "
-                "VPC with ec2.Vpc.from_lookup, or give vpc_cidr_block to ec2.Vpc.from_vpc_attributes"
-            )
-        return cidr
 
     def _refuse_other_region(self) -> None:
         """The image, the CloudWatch agent and the pods' AWS clients use the ``region`` setting; a
@@ -373,18 +349,3 @@ def _identity_description(pods: str, weights: bool, api_keys: bool, gcs_token: b
         if wanted
     ]
     return f"{pods}: read {' and '.join(reads)}"
-
-
-def _subnet_cidr(subnet: ec2.ISubnet) -> str:
-    """A private subnet's IPv4 CIDR as a literal (the serve port's NetworkPolicy names it)."""
-    try:
-        cidr = subnet.ipv4_cidr_block
-    except RuntimeError:  # imported by attributes without CIDRs
-        cidr = None
-    if cidr is None or Token.is_unresolved(cidr):
-        raise ConfigError(
-            f"endpoint_exposure='internal' needs the IPv4 CIDR of private subnet {subnet.subnet_id} at synth (the "
-            "serve port's NetworkPolicy admits the NLB's subnets). Fix: import the VPC with ec2.Vpc.from_lookup, "
-            "or give private_subnet_ipv4_cidr_blocks to ec2.Vpc.from_vpc_attributes"
-        )
-    return cidr

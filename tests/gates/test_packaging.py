@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -236,3 +237,25 @@ def test_observability_re_exports_every_public_name_of_its_cdk_free_modules() ->
                 defined |= {t.id for t in node.targets if isinstance(t, ast.Name)}
         public = {name for name in defined if not name.startswith("_")}
         assert public and public <= set(observability.__all__), sorted(public - set(observability.__all__))
+
+
+def exposure_comparisons(root: Path) -> list[str]:
+    """Places that compare ``endpoint_exposure`` with a name (``== "internal"`` and the like)."""
+    pattern = re.compile(r"""endpoint_exposure\s*[!=]=\s*["']""")
+    return sorted(
+        str(path.relative_to(root)) for path in root.rglob("*.py") for line in path.read_text().splitlines()
+        if pattern.search(line)
+    )  # fmt: skip
+
+
+def test_the_exposure_is_compared_in_one_place(tmp_path: Path) -> None:
+    """``internal_endpoint`` (config/derived.py) is the one reading of the exposure's name (it was
+    compared at six sites); a new comparison elsewhere is refused here."""
+    assert exposure_comparisons(PACKAGE) == ["config/derived.py"]
+    broken = tmp_path / "pkg"
+    shutil.copytree(PACKAGE, broken, ignore=shutil.ignore_patterns("__pycache__"))
+    verify = broken / "cli" / "verify.py"
+    verify.write_text(
+        verify.read_text().replace("settings.internal_endpoint", 'settings.endpoint_exposure == "internal"')
+    )
+    assert exposure_comparisons(broken) == ["cli/verify.py", "config/derived.py"]

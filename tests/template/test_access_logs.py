@@ -144,9 +144,7 @@ def test_preflight_passes_a_bucket_in_the_region_that_admits_both_writers() -> N
 )
 def test_preflight_refuses_a_bucket_s3_or_elb_could_not_write_to(client_args: tuple[Any, ...], message: str) -> None:
     client, stub = s3_client(*client_args)
-    _, passed, detail = preflight.check_access_logs_bucket(
-        client, DeploymentConfig.create(**TLS_CONFIG), "us-east-1"
-    )
+    _, passed, detail = preflight.check_access_logs_bucket(client, DeploymentConfig.create(**TLS_CONFIG), "us-east-1")
     assert passed is False and message in detail and "Fix:" in detail
     stub.assert_no_pending_responses()
 

@@ -175,7 +175,7 @@ LOG_WRITERS = {"s3": "logging.s3.amazonaws.com", "nlb": "delivery.logs.amazonaws
 def access_log_sources(config: DeploymentConfig) -> list[str]:
     """What logs into ``access_logs_bucket`` with these settings (see PdServing)."""
     found = ["s3"] if config.weights_source == "s3" else []
-    if config.endpoint_exposure == "internal" and config.tls_certificate_arn:
+    if config.internal_endpoint and config.tls_certificate_arn:
         found.append("nlb")
     return found
 

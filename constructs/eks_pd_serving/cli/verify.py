@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> int:
         check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
     )
     checks.append(check_network_policies(client.NetworkingV1Api(), settings.namespace))
-    if settings.endpoint_exposure == "internal":
+    if settings.internal_endpoint:
         checks.append(
             check_internal_endpoint(core, settings.namespace, endpoint_service_name(settings.ray_service_name))
         )

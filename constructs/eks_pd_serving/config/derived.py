@@ -41,9 +41,15 @@ def _facts_from_file(path: str) -> ModelFacts:
         ) from None
 
 
+def internal_endpoint(s: Settings) -> bool:
+    """Whether the stack builds the internal NLB (``endpoint_exposure=internal``): the one place
+    that compares the exposure's name."""
+    return s.endpoint_exposure == "internal"
+
+
 def api_keys_on(s: Settings) -> bool:
     """``api_keys``, or its default: on with the internal NLB, off with port-forward only."""
-    return s.endpoint_exposure == "internal" if s.api_keys is None else s.api_keys
+    return internal_endpoint(s) if s.api_keys is None else s.api_keys
 
 
 def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:

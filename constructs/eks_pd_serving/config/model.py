@@ -61,6 +61,11 @@ class DeploymentConfig(Settings, FieldRules):
         return derived.gpus_for(self, phase, bound)
 
     @property
+    def internal_endpoint(self) -> bool:
+        """Whether the stack builds the internal NLB (``endpoint_exposure=internal``)."""
+        return derived.internal_endpoint(self)
+
+    @property
     def api_keys_on(self) -> bool:
         """Whether the endpoint checks API keys (``api_keys``, defaulted by the exposure)."""
         return derived.api_keys_on(self)
@@ -121,13 +126,13 @@ class DeploymentConfig(Settings, FieldRules):
                 "kv_backend=UCX: NIXL moves the KV cache at TCP speed even on EFA. "
                 "Use LIBFABRIC unless you are debugging."
             )
-        if self.endpoint_exposure == "internal" and self.api_keys_on and not self.tls_certificate_arn:
+        if self.internal_endpoint and self.api_keys_on and not self.tls_certificate_arn:
             found.append(
                 "endpoint_exposure=internal without tls_certificate_arn: API keys and prompts cross the VPC in plain "
                 "text to the NLB's TCP listener. Set tls_certificate_arn (an ACM certificate in this region) to "
                 "terminate TLS at the NLB."
             )
-        if self.access_logs_bucket and self.endpoint_exposure == "internal" and not self.tls_certificate_arn:
+        if self.access_logs_bucket and self.internal_endpoint and not self.tls_certificate_arn:
             found.append(
                 f"access_logs_bucket={self.access_logs_bucket!r} gets the weights bucket's logs only: an NLB writes "
                 "access logs for TLS listeners alone, and without tls_certificate_arn it has a TCP one. Set "

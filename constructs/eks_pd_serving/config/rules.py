@@ -58,7 +58,7 @@ def _check_nat_gateways(config: Settings) -> None:
 
 
 def _check_endpoint(config: Settings) -> None:
-    if config.endpoint_client_cidrs and config.endpoint_exposure != "internal":
+    if config.endpoint_client_cidrs and not derived.internal_endpoint(config):
         raise ValueError(
             f"endpoint_client_cidrs={','.join(config.endpoint_client_cidrs)!r} has no effect with "
             f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, "
@@ -72,7 +72,7 @@ def _check_endpoint(config: Settings) -> None:
         )
     region = config.region or ""
     other_partition = region.startswith("cn-") or "-gov-" in region or "-iso" in region
-    if config.endpoint_exposure == "internal" and other_partition:
+    if derived.internal_endpoint(config) and other_partition:
         raise ValueError(
             f"endpoint_exposure='internal' in region={config.region!r}: the AWS Load Balancer Controller policy "
             "shipped here is the release's commercial-partition one (arn:aws:...). Fix: use "
@@ -81,7 +81,7 @@ def _check_endpoint(config: Settings) -> None:
 
 
 def _check_api_keys(config: Settings) -> None:
-    internal = config.endpoint_exposure == "internal"
+    internal = derived.internal_endpoint(config)
     if config.tls_certificate_arn and not internal:
         raise ValueError(
             f"tls_certificate_arn={config.tls_certificate_arn!r} needs the internal NLB, not "
