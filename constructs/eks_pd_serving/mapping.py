@@ -110,6 +110,11 @@ def access_logs_prefix(config: DeploymentConfig, source: str) -> str:
     return f"{config.cluster_name}/{source}/" if source == "s3" else f"{config.cluster_name}/{source}"
 
 
+def converges(config: DeploymentConfig) -> bool:
+    """Whether the deploy brings the running Ray cluster onto each new cluster config itself."""
+    return config.ray_upgrade_strategy == "recreate"
+
+
 def region(config: DeploymentConfig) -> str:
     """The region setting, or the stack's region token (an environment-agnostic stack)."""
     return config.region or Aws.REGION
@@ -319,7 +324,8 @@ def ray_service_props(
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
         system_node_selector=dict(SYSTEM_NODE_LABELS),
-        upgrade_strategy=config.ray_upgrade_strategy,
+        # KubeRay's None under recreate too: the rollout Job rebuilds the cluster (ray_service.py).
+        upgrade_strategy="NewCluster" if config.ray_upgrade_strategy == "NewCluster" else "None",
         autoscaler=RayAutoscalerSpec() if config.autoscaling else None,
         head_service_account=head_service_account(config),
         worker_service_account=worker_service_account(config),

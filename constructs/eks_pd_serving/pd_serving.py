@@ -151,6 +151,7 @@ class PdServing(Construct):
                 *([weights.resource] if weights else []),
                 *access,
             ],
+            converge=mapping.converges(config),
         )
         self._observe(config)
         self._expose(config)

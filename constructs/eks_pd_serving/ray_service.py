@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 import cdk8s
+from aws_cdk import Duration, Stack
 from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
+from . import rollout
 from ._private.manifests import adopting_manifest
-from .k8s import RayNamespaceChart, RayServiceChart, RayServiceProps
+from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec
+from .k8s.ray_service import ray_service_spec
+
+# The kubectl handler that waits for the rollout Job runs at most 15 minutes (aws-cdk-lib's
+# KubectlProvider); its wait stops a minute before, the Job's own a minute before that.
+ROLLOUT_WAIT = Duration.minutes(13)
+ROLLOUT_DEADLINE_S = 11 * 60
 
 
 class RayServiceManifest(Construct):
@@ -22,6 +31,8 @@ class RayServiceManifest(Construct):
     :param props: the chart's typed props (``mapping.ray_service_props`` builds them from the settings).
     :param cluster: the cluster the manifest is applied to.
     :param depends_on: what must exist first and be deleted after (operator, plugins, nodes).
+    :param converge: run the rollout Job after each change of the cluster config, and have the
+        deploy wait until it succeeds (``ray_upgrade_strategy=recreate``). Default: off.
     """
 
     def __init__(
@@ -32,16 +43,65 @@ class RayServiceManifest(Construct):
         props: RayServiceProps,
         cluster: eks.Cluster,
         depends_on: Sequence[Construct] = (),
+        converge: bool = False,
     ) -> None:
         super().__init__(scope, id)
         self.props = props
         self.namespace_chart = RayNamespaceChart(cdk8s.App(), "RayNamespace", props=props)
         # Once part of the RayService's manifest: an update takes its objects over first.
         self.namespace_manifest = adopting_manifest(cluster, f"{id}NamespaceChart", self.namespace_chart)
-        self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props)
+        self.rollout: RolloutSpec | None = None
+        annotations = None
+        if converge:
+            # The digest of the template's own cluster config (tokens as CloudFormation has them).
+            resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
+            self.rollout = _rollout_spec(props, rollout.cluster_config_digest(resolved))
+            annotations = {rollout.digest_annotation(): self.rollout.digest}
+        self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         self.manifest.node.add_dependency(self.namespace_manifest)
         # Created after, and so deleted before, the operator, the device plugins and the node
         # groups: KubeRay then tears the Ray pods down while it still runs.
         for dependency in depends_on:
             self.manifest.node.add_dependency(dependency)
+        self.rollout_manifest: eks.KubernetesManifest | None = None
+        self.rollout_wait: eks.KubernetesObjectValue | None = None
+        if self.rollout is not None:
+            # Its own manifest, unpruned: a finished Job stays (a new spec is a new Job), so a
+            # rollback re-applies the old one unchanged instead of rebuilding the cluster again.
+            self.rollout_manifest = cluster.add_cdk8s_chart(
+                f"{id}Rollout", RolloutChart(cdk8s.App(), "Rollout", spec=self.rollout), prune=False
+            )
+            self.rollout_manifest.node.add_dependency(self.manifest)
+            self.rollout_wait = eks.KubernetesObjectValue(
+                self,
+                "RolloutWait",
+                cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
+                object_type="job",
+                object_name=self.rollout.job_name,
+                object_namespace=props.namespace,
+                json_path=".status.succeeded",
+                timeout=ROLLOUT_WAIT,
+            )
+            self.rollout_wait.node.add_dependency(self.rollout_manifest)
+
+
+def _rollout_spec(props: RayServiceProps, digest: str) -> RolloutSpec:
+    names = rollout.env_names()
+    return RolloutSpec(
+        ray_service=props.name,
+        namespace=props.namespace,
+        digest=digest,
+        program=PodProgram(
+            config_map=f"{props.name}-rollout-code",
+            file_name=rollout.FILE_NAME,
+            source=rollout.source(),
+            digest=rollout.source_digest(),
+            mount_path=rollout.MOUNT_PATH,
+            annotation="eks-pd.io/rollout-code",
+        ),
+        env_names={key: names[key] for key in ("service", "namespace", "digest", "deadline")},
+        image=props.image,
+        node_selector=props.system_node_selector,
+        deadline_s=ROLLOUT_DEADLINE_S,
+    )

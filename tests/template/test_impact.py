@@ -25,7 +25,14 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "wider": {"autoscaling": True, "gpu_max_node_count": 5},
     "gcs_ft_off": {"gcs_fault_tolerance": False},
     "api_keys": {"api_keys": True},
+    # ray_upgrade_strategy=manual: KubeRay's None without the rollout Job (the former default).
+    "manual": {"ray_upgrade_strategy": "manual"},
+    "manual_g6e": {"ray_upgrade_strategy": "manual", "gpu_instance_type": "g6e.8xlarge"},
+    "manual_api_keys": {"ray_upgrade_strategy": "manual", "api_keys": True},
+    "manual_gcs_ft_off": {"ray_upgrade_strategy": "manual", "gcs_fault_tolerance": False},
 }
+REBUILDS = "RayCluster config changed under recreate: the deploy rebuilds the Ray cluster"
+MANUAL = "not applied until the cluster is recreated"
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +58,22 @@ def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dic
     assert group.resource in result.cleanup
     effects = sorted(o.effect.split(":")[0] for o in result.objects if o.object == "RayService/inference/ray-llm")
     # The workers' pod size follows the GPU type, and so does max_num_seqs (the larger GPU's KV cache).
-    assert effects == ["RayCluster config changed under upgradeStrategy None", "serve config changed"]
+    assert effects == ["RayCluster config changed under recreate", "serve config changed"]
+    ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    assert REBUILDS in ray and "every request fails from the deletion until the new engines serve" in ray
+    # The rollout Job for the new digest is created (the old one stays: its manifest is not pruned),
+    # and the deploy's wait follows it.
+    job = [o for o in result.objects if o.object.startswith("Job/inference/ray-llm-rollout-")]
+    assert sorted(o.action for o in job) == ["create", "stays"]
+    (wait,) = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+    assert wait.action == "modify"
+
+
+def test_under_manual_a_cluster_config_change_waits_for_a_recreate_by_hand(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "manual", "manual_g6e")
+    ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    assert "under upgradeStrategy None (manual)" in ray and MANUAL in ray
+    assert not by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
 
 
 def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(synthesized: dict[str, Path]) -> None:
@@ -70,6 +92,8 @@ def test_max_model_len_restarts_the_engines_in_place(synthesized: dict[str, Path
     assert [(c.action, c.type) for c in result.changes] == [("modify", "Custom::AWSCDK-EKS-KubernetesResource")]
     (ray,) = result.objects
     assert ray.effect.startswith("serve config changed") and "engines restart in place" in ray.effect
+    # An engine argument is the PD builder's args: Serve 2.58 restarts both phases and the ingress.
+    assert "application pd-openai's args changed, so Serve restarts every deployment of it" in ray.effect
 
 
 def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesized: dict[str, Path]) -> None:
@@ -80,19 +104,18 @@ def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesize
     for o in result.objects:
         objects[o.object] = f"{objects.get(o.object, '')} {o.effect}"
     assert "no pod restarts" in objects.pop("NetworkPolicy/inference/ray-serve-from-clients")
-    # API keys come on with the NLB: a pod change the running cluster does not take under
-    # upgradeStrategy None, which the impact says. Their code's ConfigMap is applied either way.
+    # API keys come on with the NLB: a pod change, which the deploy's rebuild of the cluster
+    # brings. Their code's ConfigMap is applied either way.
     assert "ConfigMap/inference/ray-llm-api-keys-code" not in objects
     service = objects.pop("RayService/inference/ray-llm")
-    assert "not applied until the cluster is recreated" in service
-    assert "API key check turns on only in a RayCluster built from the new spec" in service
-    assert objects == {}
+    assert REBUILDS in service and "API key check turns on with the rebuilt cluster, inside the deploy" in service
+    assert {o.split("/")[0] for o in objects} == {"Job"}
 
 
 def test_api_keys_off_says_what_a_restarting_pod_meets_and_keeps_the_code(synthesized: dict[str, Path]) -> None:
     """G3: the running cluster keeps mounting the check's code (applied either way); its key secret
     goes, so the line says a restarting Ray pod answers 503 until the cluster is rebuilt."""
-    result = impact(synthesized, "api_keys", "base")
+    result = impact(synthesized, "manual_api_keys", "manual")
     assert not [o for o in result.objects if o.object.startswith("ConfigMap/")]
     (keys,) = [o.effect for o in result.objects if "API key check turns off" in o.effect]
     assert "a Ray pod that restarts meanwhile answers 503" in keys and "recreate the RayCluster" in keys
@@ -127,8 +150,9 @@ def test_autoscaling_bounds_change_the_group_size_and_the_worker_group(synthesiz
     assert "aws/containers-roadmap#1259" in group.effect
     (check,) = by_type(result, "Custom::GpuCapacityCheck")
     assert "capacity check runs again" in check.effect
-    (ray,) = result.objects
-    assert "not applied until the cluster is recreated" in ray.effect
+    # KubeRay pushes no bound change itself (its hash leaves them out): the rollout Job sets them.
+    (ray,) = [o for o in result.objects if o.object == "RayService/inference/ray-llm"]
+    assert "worker replicas or bounds only): the rollout Job sets them in place, no restart" in ray.effect
 
 
 def test_replacement_comes_from_the_schemas_cfn_lint_ships() -> None:
@@ -148,7 +172,7 @@ def test_the_command_prints_a_deterministic_table_and_exits_1_on_a_change(synthe
     second = run_cli(str(synthesized["base"].parent), str(synthesized["g6e"].parent))
     assert first.returncode == 1 and first.stdout == second.stdout
     assert "REPLACE" in first.stdout and "GPU node group replaced" in first.stdout
-    assert first.stdout.rstrip().endswith("3 change(s)")
+    assert first.stdout.rstrip().endswith("5 change(s)")
 
 
 def test_the_command_exits_0_without_a_change_and_2_on_a_missing_folder(
@@ -165,12 +189,18 @@ def test_gcs_fault_tolerance_on_creates_the_store_and_says_when_the_head_uses_it
     result = impact(synthesized, "gcs_ft_off", "base")
     assert [c.action for c in by_type(result, "AWS::ElastiCache::ReplicationGroup")] == ["add"]
     service = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
-    assert "not applied until the cluster is recreated" in service
-    assert "GCS fault tolerance turns on only in a RayCluster built from the new spec" in service
+    assert REBUILDS in service and "GCS fault tolerance turns on with the rebuilt cluster, inside the deploy" in service
+    manual = impact(synthesized, "manual_gcs_ft_off", "manual")
+    service = " ".join(o.effect for o in manual.objects if o.object == "RayService/inference/ray-llm")
+    assert MANUAL in service and "GCS fault tolerance turns on only in a RayCluster built from the new spec" in service
 
 
 def test_gcs_fault_tolerance_off_warns_that_the_running_head_loses_its_store(synthesized: dict[str, Path]) -> None:
-    result = impact(synthesized, "base", "gcs_ft_off")
+    result = impact(synthesized, "manual", "manual_gcs_ft_off")
     assert [c.action for c in by_type(result, "AWS::ElastiCache::ReplicationGroup")] == ["delete"]
     service = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert "deletes the store while the running RayCluster still uses it" in service
+    # Under recreate the deploy rebuilds the cluster without it before the cleanup phase deletes it.
+    rebuilt = impact(synthesized, "base", "gcs_ft_off")
+    service = " ".join(o.effect for o in rebuilt.objects if o.object == "RayService/inference/ray-llm")
+    assert "after the deploy has rebuilt the cluster without it" in service

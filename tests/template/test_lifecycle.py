@@ -105,7 +105,7 @@ def test_now_the_api_rule_goes_after_every_kubectl_resource(variants: dict[str, 
     model = variants["all"]
     (ingress,) = _ids(model, "AWS::EC2::SecurityGroupIngress", FromPort=443)
     kubectl = _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") + _ids(model, "Custom::AWSCDK-EKS-HelmChart")
-    assert len(kubectl) == 10 and all(model.deleted_before(r, ingress) for r in kubectl)
+    assert len(kubectl) == 11 and all(model.deleted_before(r, ingress) for r in kubectl)
     assert ingress not in model.delete_waves()[0]
 
 

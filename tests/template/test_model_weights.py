@@ -102,7 +102,7 @@ def test_the_ray_service_waits_for_the_staging_and_the_association(default: dict
     (association_id,) = [rid for rid, a in resources_of_type(default, "AWS::EKS::PodIdentityAssociation").items()
                          if a["Properties"]["ServiceAccount"] == "ray-llm-workers"]  # fmt: skip
     (manifest,) = [r for r in resources_of_type(default, "Custom::AWSCDK-EKS-KubernetesResource").values()
-                   if "RayService" in json.dumps(r["Properties"]["Manifest"])]  # fmt: skip
+                   if '"kind\\":\\"RayService\\"' in json.dumps(r["Properties"]["Manifest"])]  # fmt: skip
     assert {staging_id, association_id} <= set(manifest["DependsOn"])
 
 

@@ -99,7 +99,10 @@ def test_the_alarm_topics_key_rotates_too() -> None:
 def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_file: Path) -> None:
     """The default exposure (port-forward); the internal NLB is tests/template/test_endpoint.py's."""
     objects = manifests(template_file)
-    assert {o["kind"] for o in objects} == {"Namespace", "RayService", "NetworkPolicy", "ServiceAccount", "ConfigMap"}
+    # Role, RoleBinding and Job: the rollout Job's, namespace-scoped (tests/template/test_rollout.py).
+    assert {o["kind"] for o in objects} == {
+        "Namespace", "RayService", "NetworkPolicy", "ServiceAccount", "ConfigMap", "Role", "RoleBinding", "Job"
+    }  # fmt: skip
     (service,) = [o for o in objects if o["kind"] == "RayService"]
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]
     # KubeRay's head and serve services stay ClusterIP: dashboard (8265) and serve (8000) are

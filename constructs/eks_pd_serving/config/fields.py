@@ -195,6 +195,12 @@ class FieldRules(BaseModel):
             raise ValueError("not an ACM certificate ARN")
         return value
 
+    @field_validator("ray_upgrade_strategy", mode="before", check_fields=False)
+    @classmethod
+    def _former_strategy_name(cls, value: Any) -> Any:
+        """``None`` (KubeRay's name) was this setting's default before ``recreate``: it means manual."""
+        return "manual" if value == "None" else value
+
     @field_validator("access_logs_bucket", check_fields=False)
     @classmethod
     def _bucket_name(cls, value: str | None) -> str | None:

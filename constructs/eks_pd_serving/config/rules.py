@@ -167,7 +167,7 @@ def _check_upgrade_strategy(config: Settings) -> None:
             f"cluster's Ray head ({head_m / 1000:g} CPU) must run beside the first until KubeRay switches "
             f"over, and one {config.system_instance_type} has {allocatable_m / 1000:g} CPU allocatable, so the "
             "update never completes. Fix: set system_node_count=2 (or a larger system_instance_type), or "
-            "ray_upgrade_strategy=None"
+            "ray_upgrade_strategy=recreate"
         )
 
 

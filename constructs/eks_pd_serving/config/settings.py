@@ -567,14 +567,17 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("a whole number from 0 to 5"),
     )
-    ray_upgrade_strategy: Literal["None", "NewCluster"] = Field(
-        "None",
+    ray_upgrade_strategy: Literal["recreate", "manual", "NewCluster"] = Field(
+        "recreate",
         description=(
-            "KubeRay upgradeStrategy. None: serve-config changes are applied to the running Ray cluster; "
-            "cluster-config changes wait until the RayCluster is recreated (docs/guides/updates.md). NewCluster: a "
-            "second Ray cluster is built beside the first (needs spare GPU nodes)."
+            "How a change reaches the running Ray cluster (docs/guides/updates.md). Serve-config changes are "
+            "applied in place under each. recreate: a cluster-config change rebuilds the RayCluster inside cdk "
+            "deploy (the rollout Job deletes it, KubeRay builds it from the new spec, the deploy waits until it "
+            "serves: downtime while the engines load), worker bounds are set in place. manual: KubeRay's None, "
+            "the RayCluster keeps its spec until you recreate it (None is the former name). NewCluster: a second "
+            "Ray cluster is built beside the first (needs spare GPU nodes)."
         ),
-        json_schema_extra=_hint("None or NewCluster"),
+        json_schema_extra=_hint("recreate, manual or NewCluster"),
     )
     kv_pull_guard: Literal["auto", "on", "off"] = Field(
         "auto",

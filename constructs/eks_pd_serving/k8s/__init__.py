@@ -8,6 +8,7 @@ from .network import (
     ServingNetworkProps,
 )
 from .ray_service import RayNamespaceChart, RayServiceChart
+from .rollout import RolloutChart, RolloutSpec
 from .serve_config import build_pd_serving_args, build_serve_config
 from .specs import (
     ApiKeysSpec,
@@ -45,6 +46,8 @@ __all__ = [
     "RayServiceChart",
     "RayServiceProps",
     "ReplicaAutoscaling",
+    "RolloutChart",
+    "RolloutSpec",
     "ServingNetworkChart",
     "ServingNetworkProps",
     "WorkerGroupSpec",

@@ -90,7 +90,11 @@ class RayNamespaceChart(cdk8s.Chart):
 class RayServiceChart(cdk8s.Chart):
     """The RayService alone (its namespace and what its pods mount are ``RayNamespaceChart``'s)."""
 
-    def __init__(self, scope: Construct, id: str, *, props: RayServiceProps) -> None:
+    def __init__(
+        self, scope: Construct, id: str, *, props: RayServiceProps, annotations: dict[str, str] | None = None
+    ) -> None:
+        """``annotations``: the RayService's own (KubeRay copies them onto each RayCluster it
+        creates). Default: none."""
         super().__init__(scope, id, disable_resource_name_hashes=True)
         self.props = props
         service = cdk8s.ApiObject(
@@ -98,7 +102,7 @@ class RayServiceChart(cdk8s.Chart):
             "RayService",
             api_version="ray.io/v1",
             kind="RayService",
-            metadata=cdk8s.ApiObjectMetadata(name=props.name, namespace=props.namespace),
+            metadata=cdk8s.ApiObjectMetadata(name=props.name, namespace=props.namespace, annotations=annotations),
         )
         service.add_json_patch(cdk8s.JsonPatch.add("/spec", ray_service_spec(props)))
 

@@ -12,7 +12,8 @@ from typing import Any, Literal
 from ..assembly import field_diff
 from ..endpoint import proxy
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from . import facts, needs
+from ..rollout import digest_annotation
+from . import facts, needs, rollout
 from .graph import Resource, StackModel, placeholders
 
 Action = Literal["add", "modify", "replace", "delete"]
@@ -162,44 +163,50 @@ def _gcs_fault_tolerant(ray_service: Mapping[str, Any]) -> bool:
 
 
 def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    changed = {path.split(".")[1] if path.startswith("spec.") else path for path, _, _ in field_diff(old, new)}
-    strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
-    lines = []
-    if "serveConfigV2" in changed:
-        lines.append(
-            "serve config changed: KubeRay redeploys the Serve applications on the running cluster; "
-            "engines restart in place and requests fail during the restart"
-        )
+    # The rollout's digest annotation moves with the cluster config; the cluster line says what it does.
+    digest = f"metadata.annotations.{digest_annotation()}"
+    changed = {
+        path.split(".")[1] if path.startswith("spec.") else path
+        for path, _, _ in field_diff(old, new)
+        if not path.startswith(digest)
+    }
+    lines = rollout.serve_lines(old, new) if "serveConfigV2" in changed else []
     if "rayClusterConfig" in changed:
-        lines.append(
-            "RayCluster config changed under upgradeStrategy None: not applied until the cluster is recreated "
-            "(kubectl delete raycluster -l ray.io/originated-from-cr-name=<name>)"
-            if strategy == "None"
-            else "RayCluster config changed under NewCluster: a second Ray cluster is built beside the first, "
-            "traffic switches when it is ready (needs room for both)"
-        )
+        lines.append(rollout.cluster_line(old, new))
+    # Where the deploy rebuilds the cluster itself, what turns on or off with it does so then.
+    rebuilt = rollout.rebuilt(old, new)
     keyed = [_checks_api_keys(side) for side in (old, new)]
     if keyed[1] and not keyed[0]:
         lines.append(
-            "the API key check turns on only in a RayCluster built from the new spec; until then the endpoint "
+            "the API key check turns on with the rebuilt cluster, inside the deploy; until the deletion the endpoint "
+            "answers without keys"
+            if rebuilt
+            else "the API key check turns on only in a RayCluster built from the new spec; until then the endpoint "
             "answers without keys (verify shows which)"
         )
     elif keyed[0] and not keyed[1]:
         lines.append(
-            "the API key check turns off only in a RayCluster built from the new spec; until then the running "
+            "the API key check turns off with the rebuilt cluster, inside the deploy"
+            if rebuilt
+            else "the API key check turns off only in a RayCluster built from the new spec; until then the running "
             "proxies check the keys they hold, and a Ray pod that restarts meanwhile answers 503 (its role may no "
             "longer read the key secret): recreate the RayCluster right after the deploy"
         )
     tolerant = [_gcs_fault_tolerant(side) for side in (old, new)]
     if tolerant[1] and not tolerant[0]:
         lines.append(
-            "GCS fault tolerance turns on only in a RayCluster built from the new spec (the store is created "
+            "GCS fault tolerance turns on with the rebuilt cluster, inside the deploy (the store is created first)"
+            if rebuilt
+            else "GCS fault tolerance turns on only in a RayCluster built from the new spec (the store is created "
             "first); until then a head restart still rebuilds the whole Ray cluster"
         )
     elif tolerant[0] and not tolerant[1]:
         lines.append(
-            "GCS fault tolerance turns off, and CloudFormation deletes the store while the running RayCluster still "
-            "uses it: its head fails once the store is gone and restarts against an address that no longer "
+            "GCS fault tolerance turns off with the rebuilt cluster; CloudFormation deletes the store in the cleanup "
+            "phase, after the deploy has rebuilt the cluster without it"
+            if rebuilt
+            else "GCS fault tolerance turns off, and CloudFormation deletes the store while the running RayCluster "
+            "still uses it: its head fails once the store is gone and restarts against an address that no longer "
             "exists, until the RayCluster is rebuilt from the new spec (recreate it right after the deploy)"
         )
     rest = sorted(changed - {"serveConfigV2", "rayClusterConfig"})
@@ -229,6 +236,10 @@ def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectCha
                         f"moves to {elsewhere[key]}, which applies it "
                         "(kubectl apply): stays in the cluster, owned by that manifest",
                     )
+                )
+            elif "PruneLabel" not in after.properties:
+                found.append(
+                    ObjectChange(rid, "stays", key, "removed from a manifest that does not prune: stays in the cluster")
                 )
             elif olds[key].kind in needs.PRUNED_KINDS:
                 found.append(ObjectChange(rid, "prune", key, "removed from the manifest: kubectl's prune deletes it"))

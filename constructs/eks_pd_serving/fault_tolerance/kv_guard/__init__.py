@@ -5,7 +5,6 @@ its text, so the package does not need Ray."""
 
 from __future__ import annotations
 
-import ast
 from functools import cache
 
 from ..._private import pod_code
@@ -29,10 +28,7 @@ def source_digest() -> str:
 
 @cache
 def _constant(name: str) -> object:
-    for node in ast.parse(source()).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{FILE_NAME} defines no {name}")
+    return pod_code.constant(source(), FILE_NAME, name)
 
 
 def engine_cls() -> str:

@@ -1,0 +1,133 @@
+"""The rollout Job's chart (``ray_upgrade_strategy=recreate``): the Job made for one cluster-config
+digest (its name carries the digest and the program's, so a new spec or new code is a new Job, and
+a Job's immutable pod template is never changed in place), its program in a ConfigMap, and the
+service account and Role it runs with: read the RayService, list, delete and patch its RayClusters.
+Nothing else in the cluster."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cdk8s
+from constructs import Construct
+
+from .specs import PodProgram
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One rollout: the RayService it converges, the digest it converges to, and how."""
+
+    ray_service: str
+    namespace: str
+    #: The digest of the RayService's rayClusterConfig (``rollout.cluster_config_digest``).
+    digest: str
+    program: PodProgram
+    #: The program's env names (the pod module's ``ENV``), by what they hold.
+    env_names: dict[str, str]
+    image: str
+    node_selector: dict[str, str]
+    #: How long the Job waits for the rebuilt cluster to serve before it fails.
+    deadline_s: int
+
+    @property
+    def job_name(self) -> str:
+        return f"{self.ray_service}-rollout-{self.digest[:10]}-{self.program.digest[:6]}"
+
+    @property
+    def service_account(self) -> str:
+        return f"{self.ray_service}-rollout"
+
+
+class RolloutChart(cdk8s.Chart):
+    def __init__(self, scope: Construct, id: str, *, spec: RolloutSpec) -> None:
+        super().__init__(scope, id, disable_resource_name_hashes=True, namespace=spec.namespace)
+        namespace = spec.namespace
+        account = spec.service_account
+        cdk8s.ApiObject(
+            self, "ServiceAccount", api_version="v1", kind="ServiceAccount",
+            metadata=cdk8s.ApiObjectMetadata(name=account, namespace=namespace),
+        )  # fmt: skip
+        role = cdk8s.ApiObject(
+            self, "Role", api_version="rbac.authorization.k8s.io/v1", kind="Role",
+            metadata=cdk8s.ApiObjectMetadata(name=account, namespace=namespace),
+        )  # fmt: skip
+        role.add_json_patch(
+            cdk8s.JsonPatch.add(
+                "/rules",
+                [
+                    {
+                        "apiGroups": ["ray.io"],
+                        "resources": ["rayservices"],
+                        "resourceNames": [spec.ray_service],
+                        "verbs": ["get"],
+                    },
+                    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+                ],
+            )
+        )
+        binding = cdk8s.ApiObject(
+            self, "RoleBinding", api_version="rbac.authorization.k8s.io/v1", kind="RoleBinding",
+            metadata=cdk8s.ApiObjectMetadata(name=account, namespace=namespace),
+        )  # fmt: skip
+        binding.add_json_patch(
+            cdk8s.JsonPatch.add("/roleRef", {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account}),
+            cdk8s.JsonPatch.add(
+                "/subjects", [{"kind": "ServiceAccount", "name": account, "namespace": spec.namespace}]
+            ),
+        )
+        program = spec.program
+        cdk8s.ApiObject(
+            self, "Code", api_version="v1", kind="ConfigMap",
+            metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=namespace),
+        ).add_json_patch(cdk8s.JsonPatch.add("/data", {program.file_name: program.source}))  # fmt: skip
+        env = {
+            "service": spec.ray_service,
+            "namespace": spec.namespace,
+            "digest": spec.digest,
+            "deadline": str(spec.deadline_s),
+        }
+        job = cdk8s.ApiObject(
+            self, "Job", api_version="batch/v1", kind="Job",
+            metadata=cdk8s.ApiObjectMetadata(name=spec.job_name, namespace=namespace),
+        )  # fmt: skip
+        job.add_json_patch(
+            cdk8s.JsonPatch.add(
+                "/spec",
+                {
+                    # One attempt: a second would find nothing stale and pass without the wait.
+                    "backoffLimit": 0,
+                    "activeDeadlineSeconds": spec.deadline_s + 120,
+                    "template": {
+                        "metadata": {"annotations": {program.annotation: program.digest}},
+                        "spec": {
+                            "serviceAccountName": account,
+                            "restartPolicy": "Never",
+                            "nodeSelector": spec.node_selector,
+                            "containers": [
+                                {
+                                    "name": "rollout",
+                                    "image": spec.image,
+                                    "command": ["python", f"{program.mount_path}/{program.file_name}"],
+                                    "env": [{"name": spec.env_names[k], "value": v} for k, v in env.items()],
+                                    "resources": {
+                                        "requests": {"cpu": "50m", "memory": "64Mi"},
+                                        "limits": {"memory": "128Mi"},
+                                    },
+                                    "securityContext": {
+                                        "allowPrivilegeEscalation": False,
+                                        # The Ray image's own user (ray, uid 1000), given as a number.
+                                        "runAsUser": 1000,
+                                        "runAsNonRoot": True,
+                                    },
+                                    "volumeMounts": [
+                                        {"name": "code", "mountPath": program.mount_path, "readOnly": True}
+                                    ],
+                                }
+                            ],
+                            "volumes": [{"name": "code", "configMap": {"name": program.config_map}}],
+                        },
+                    },
+                },
+            )
+        )

@@ -1,0 +1,157 @@
+"""The rollout Job (pod-side): brings the running Ray cluster onto the RayService's cluster config
+inside ``cdk deploy``, and waits, bounded, until it serves again.
+
+KubeRay 1.7 under ``upgradeStrategy: None`` never rebuilds a RayCluster for a changed
+``rayClusterConfig`` (``shouldPrepareNewCluster`` in ``rayservice_controller.go`` is false for any
+type but the NewCluster ones), and pushes no change of worker replicas or bounds either (its hash
+leaves them out). When the active RayCluster is gone, though, it builds a pending one from the
+current spec, submits the serve config to it and points the Services at it once every Serve
+application is RUNNING. So this program, made by the stack for one config digest (the RayService's
+annotation ``DIGEST_ANNOTATION``, which KubeRay copies onto each RayCluster it creates):
+
+- deletes every RayCluster of the RayService whose digest is another (built from an older spec),
+  then waits until the RayService's active cluster has the digest and every application is RUNNING;
+- patches, in place, the worker groups' replicas, minReplicas and maxReplicas of a cluster that has
+  the digest but other bounds (no restart);
+- exits 0 at once when nothing is stale (a first deploy: no cluster, or one built from this spec).
+
+It fails (exit 1) with one line naming what did not come up when ``EKS_PD_ROLLOUT_DEADLINE_S``
+passes; the line is also the pod's termination message. Standard library only (the Ray image's
+Python), the pod's service account token for the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import sys
+import time
+import urllib.parse
+import urllib.request
+from typing import Any
+
+DIGEST_ANNOTATION = "eks-pd.io/cluster-config"
+ORIGIN_LABEL = "ray.io/originated-from-cr-name"  # KubeRay's, on each RayCluster of a RayService
+BOUNDS = ("replicas", "minReplicas", "maxReplicas")
+ENV = {
+    "service": "EKS_PD_ROLLOUT_RAY_SERVICE",
+    "namespace": "EKS_PD_ROLLOUT_NAMESPACE",
+    "digest": "EKS_PD_ROLLOUT_DIGEST",
+    "deadline": "EKS_PD_ROLLOUT_DEADLINE_S",
+}
+NOTHING_LINE = "rollout: nothing to rebuild"
+DELETED_LINE = "rollout: deleted RayCluster"
+SERVING_LINE = "rollout: serving from RayCluster"
+FAILED_LINE = "rollout failed"
+ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+TERMINATION_LOG = "/dev/termination-log"
+
+
+class Api:
+    """The Kubernetes API as the pod's service account reaches it (``base`` and no TLS context: a
+    test's server)."""
+
+    def __init__(self, base: str | None = None, token: str | None = None) -> None:
+        self.base = base or f"https://{os.environ['KUBERNETES_SERVICE_HOST']}:{os.environ['KUBERNETES_SERVICE_PORT']}"
+        if token is None:
+            with open(f"{ACCOUNT}/token") as file:
+                token = file.read().strip()
+        self.token = token
+        self.context = None if base else ssl.create_default_context(cafile=f"{ACCOUNT}/ca.crt")
+
+    def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.base + path, data=data, method=method)
+        request.add_header("Authorization", f"Bearer {self.token}")
+        request.add_header("Content-Type", content_type)
+        with urllib.request.urlopen(request, timeout=30, context=self.context) as answer:
+            return json.loads(answer.read() or b"{}")
+
+
+def digest_of(cluster: dict[str, Any]) -> str | None:
+    return ((cluster.get("metadata") or {}).get("annotations") or {}).get(DIGEST_ANNOTATION)
+
+
+def bound_patches(cluster: dict[str, Any], wanted: dict[str, Any]) -> list[dict[str, Any]]:
+    """JSON patch ops that give ``cluster``'s worker groups ``wanted``'s (the RayService's spec)
+    replicas and bounds, matched by group name."""
+    groups = {g.get("groupName"): g for g in (wanted.get("workerGroupSpecs") or [])}
+    ops = []
+    for index, group in enumerate((cluster.get("spec") or {}).get("workerGroupSpecs") or []):
+        target: dict[str, Any] = groups.get(group.get("groupName")) or {}
+        for field in BOUNDS:
+            if field in target and group.get(field) != target[field]:
+                ops.append({"op": "add", "path": f"/spec/workerGroupSpecs/{index}/{field}", "value": target[field]})
+    return ops
+
+
+def serving(service: dict[str, Any], clusters: list[dict[str, Any]], digest: str) -> tuple[bool, str]:
+    """Whether the RayService serves from a cluster with ``digest``; else what is missing."""
+    status = service.get("status") or {}
+    active = (status.get("activeServiceStatus") or {}).get("rayClusterName")
+    by_name = {c["metadata"]["name"]: c for c in clusters}
+    wanted = [name for name, c in by_name.items() if digest_of(c) == digest]
+    if not wanted:
+        return False, "KubeRay has not created a RayCluster from the new spec yet"
+    if active not in wanted:
+        pending = status.get("pendingServiceStatus") or {}
+        apps = pending.get("applicationStatuses") or {}
+        shown = ", ".join(f"{a} {s.get('status')}" for a, s in sorted(apps.items())) or "no Serve application yet"
+        return False, f"RayCluster {pending.get('rayClusterName') or wanted[0]} is not serving ({shown})"
+    apps = (status.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    waiting = [f"{a} {s.get('status')}" for a, s in sorted(apps.items()) if s.get("status") != "RUNNING"]
+    if not apps or waiting:
+        return False, f"RayCluster {active}: {', '.join(waiting) or 'no Serve application yet'}"
+    return True, str(active)
+
+
+def converge(api: Api, namespace: str, name: str, digest: str, deadline_s: float, poll_s: float = 10.0) -> int:
+    base = f"/apis/ray.io/v1/namespaces/{namespace}"
+    selector = urllib.parse.quote(f"{ORIGIN_LABEL}={name}", safe="")
+
+    def clusters() -> list[dict[str, Any]]:
+        return list(api.call("GET", f"{base}/rayclusters?labelSelector={selector}").get("items") or [])
+
+    found = clusters()
+    stale = [c for c in found if digest_of(c) != digest]
+    if not stale:
+        spec = api.call("GET", f"{base}/rayservices/{name}")["spec"]["rayClusterConfig"]
+        for cluster in found:
+            ops = bound_patches(cluster, spec)
+            if ops:
+                api.call("PATCH", f"{base}/rayclusters/{cluster['metadata']['name']}", ops,
+                         "application/json-patch+json")  # fmt: skip
+                print(f"rollout: worker bounds of RayCluster {cluster['metadata']['name']} set in place: {ops}")
+        print(f"{NOTHING_LINE}: every RayCluster of {name} has config {digest}", flush=True)
+        return 0
+    for cluster in stale:
+        cluster_name = cluster["metadata"]["name"]
+        api.call("DELETE", f"{base}/rayclusters/{cluster_name}", {"propagationPolicy": "Background"})
+        print(f"{DELETED_LINE} {cluster_name} (config {digest_of(cluster)}, the spec's is {digest})", flush=True)
+    end = time.monotonic() + deadline_s
+    why = ""
+    while time.monotonic() < end:
+        ok, why = serving(api.call("GET", f"{base}/rayservices/{name}"), clusters(), digest)
+        if ok:
+            print(f"{SERVING_LINE} {why} with config {digest}", flush=True)
+            return 0
+        print(f"rollout: waiting: {why}", flush=True)
+        time.sleep(poll_s)
+    line = f"{FAILED_LINE}: {name} did not serve on config {digest} within {deadline_s:.0f} s: {why}"
+    print(line, file=sys.stderr, flush=True)
+    try:
+        with open(TERMINATION_LOG, "w") as log:
+            log.write(line)
+    except OSError:
+        pass
+    return 1
+
+
+def main() -> int:
+    values = {key: os.environ[name] for key, name in ENV.items()}
+    return converge(Api(), values["namespace"], values["service"], values["digest"], float(values["deadline"]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

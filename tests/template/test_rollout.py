@@ -1,0 +1,129 @@
+"""``ray_upgrade_strategy=recreate`` (the default): the rollout Job, its rights, the deploy's wait
+for it, and the config digest that decides when it rebuilds the Ray cluster. The Job's program is
+tested against an emulated API in tests/unit/test_rollout_job.py; KubeRay acting on a deleted
+cluster, and CloudFormation waiting on the Job, are on paper (read in KubeRay 1.7's controller and
+aws-cdk-lib's kubectl handler)."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from typing import Any
+
+import pytest
+from aws_cdk.assertions import Template
+from support import build_stack, resources_of_type
+
+from eks_pd_serving import rollout
+from eks_pd_serving.assembly import kubernetes_objects
+from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.ray_service import ROLLOUT_DEADLINE_S
+
+ANNOTATION = rollout.digest_annotation()
+
+
+@cache
+def synthesized(**settings: Any) -> dict[str, Any]:
+    return dict(Template.from_stack(build_stack(**settings)).to_json())
+
+
+def objects(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    return [o for o in kubernetes_objects(template) if o["kind"] == kind]
+
+
+def digest(template: dict[str, Any]) -> str | None:
+    (service,) = objects(template, "RayService")
+    return (service["metadata"].get("annotations") or {}).get(ANNOTATION)
+
+
+def test_the_default_converges_a_cluster_config_change_inside_the_deploy() -> None:
+    template = synthesized()
+    (service,) = objects(template, "RayService")
+    assert service["spec"]["upgradeStrategy"] == {"type": "None"}  # KubeRay's; the Job rebuilds
+    (job,) = objects(template, "Job")
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    names = rollout.env_names()
+    assert env[names["digest"]] == (found := str(digest(template)))
+    assert job["metadata"]["name"].startswith(f"ray-llm-rollout-{found[:10]}")
+    assert (env[names["service"]], env[names["namespace"]], env[names["deadline"]]) == (
+        "ray-llm",
+        "inference",
+        str(ROLLOUT_DEADLINE_S),
+    )
+    assert job["spec"]["backoffLimit"] == 0
+    (code,) = [c for c in objects(template, "ConfigMap") if c["metadata"]["name"] == "ray-llm-rollout-code"]
+    assert code["data"] == {rollout.FILE_NAME: rollout.source()}
+    # The deploy waits for the Job by name, within the kubectl handler's 15 minutes.
+    (wait,) = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue").values()
+    props = wait["Properties"]
+    assert (props["ObjectType"], props["ObjectName"], props["JsonPath"]) == (
+        "job",
+        job["metadata"]["name"],
+        ".status.succeeded",
+    )
+    assert ROLLOUT_DEADLINE_S < int(props["TimeoutSeconds"]) < 15 * 60
+
+
+def test_the_jobs_rights_are_its_rayservice_and_its_rayclusters_only() -> None:
+    template = synthesized()
+    (role,) = objects(template, "Role")
+    assert role["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayservices"], "resourceNames": ["ray-llm"], "verbs": ["get"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+    ]
+    (binding,) = objects(template, "RoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ray-llm-rollout", "namespace": "inference"}]
+    (job,) = objects(template, "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "ray-llm-rollout"
+    assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_finished_jobs_stay_and_the_job_applies_after_the_rayservice() -> None:
+    """Unpruned: a rollback re-applies the old Job unchanged (finished) instead of rebuilding again."""
+    template = synthesized()
+    manifests = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource")
+    (rid,) = [r for r, m in manifests.items() if '"kind\\":\\"Job\\"' in json.dumps(m["Properties"]["Manifest"])]
+    assert "PruneLabel" not in manifests[rid]["Properties"]
+    (service_rid,) = [
+        r for r, m in manifests.items() if '"kind\\":\\"RayService\\"' in json.dumps(m["Properties"]["Manifest"])
+    ]
+    assert service_rid in manifests[rid]["DependsOn"]
+    assert "PruneLabel" in manifests[service_rid]["Properties"]
+
+
+@pytest.mark.parametrize("strategy", ["manual", "None", "NewCluster"])
+def test_manual_and_new_cluster_have_no_job(strategy: str) -> None:
+    extra = {"system_node_count": 2} if strategy == "NewCluster" else {}
+    template = synthesized(ray_upgrade_strategy=strategy, **extra)
+    assert objects(template, "Job") == [] and digest(template) is None
+    assert resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue") == {}
+    (service,) = objects(template, "RayService")
+    assert service["spec"]["upgradeStrategy"] == {"type": "NewCluster" if strategy == "NewCluster" else "None"}
+
+
+def test_none_is_the_former_name_of_manual() -> None:
+    assert DeploymentConfig.create(ray_upgrade_strategy="None").ray_upgrade_strategy == "manual"
+
+
+def test_the_digest_moves_with_what_only_a_new_cluster_applies() -> None:
+    """Serve-config changes and worker bounds (the Job sets them in place) keep the digest, so no
+    rebuild; the image, the pods' env and their code change it."""
+    base = digest(synthesized(autoscaling=True))
+    assert digest(synthesized(autoscaling=True, prefill_target_ongoing_requests=6)) == base  # serve config
+    assert digest(synthesized(autoscaling=True, decode_max_replicas=3)) == base  # a worker group's maxReplicas
+    assert digest(synthesized(autoscaling=True, image="123456789012.dkr.ecr.us-east-1.amazonaws.com/ray:x")) != base
+    assert digest(synthesized(autoscaling=True, kv_pull_guard="off")) != base
+
+
+def test_the_digest_leaves_out_exactly_the_in_place_fields() -> None:
+    group = {"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": 2,
+             "scaleStrategy": {"workersToDelete": ["a"]}, "template": {"spec": {}}}  # fmt: skip
+    config = {"rayVersion": "2.58.0", "upgradeStrategy": {"type": "None"}, "workerGroupSpecs": [group]}
+    moved = json.loads(json.dumps(config))
+    group = moved["workerGroupSpecs"][0]
+    group.update(replicas=2, minReplicas=0, maxReplicas=4, scaleStrategy={"workersToDelete": []})
+    moved["upgradeStrategy"] = {"type": "NewCluster"}
+    assert rollout.cluster_config_digest(moved) == rollout.cluster_config_digest(config)
+    group["template"]["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
+    assert rollout.cluster_config_digest(moved) != rollout.cluster_config_digest(config)

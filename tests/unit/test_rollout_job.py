@@ -1,0 +1,187 @@
+"""The rollout Job's program (rollout/eks_pd_rollout.py) against a Kubernetes API that keeps
+RayServices and RayClusters as KubeRay 1.7 does (read in rayservice_controller.go): a deleted
+active cluster is followed by a pending one built from the current spec, which becomes active once
+its Serve applications are RUNNING. The program runs as the pod runs it (a subprocess, its env),
+against that API over HTTP; what KubeRay and the cluster do is this emulation's, not run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from eks_pd_serving import rollout
+
+PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
+NS, NAME, NEW, OLD = "inference", "ray-llm", "new-digest", "old-digest"
+ANNOTATION = rollout.digest_annotation()
+
+
+def cluster(name: str, digest: str | None, max_replicas: int = 2) -> dict[str, Any]:
+    annotations = {ANNOTATION: digest} if digest else {}
+    return {
+        "metadata": {"name": name, "annotations": annotations, "labels": {"ray.io/originated-from-cr-name": NAME}},
+        "spec": {
+            "workerGroupSpecs": [{"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}]
+        },
+    }
+
+
+class Cluster:
+    """The API's state, and KubeRay's moves after a deletion (``rebuild_after`` polls)."""
+
+    def __init__(self, clusters: list[dict[str, Any]], spec_max: int = 2, rebuild_after: int | None = 1) -> None:
+        self.clusters = {c["metadata"]["name"]: c for c in clusters}
+        self.active = next(iter(self.clusters), None)
+        self.spec_max = spec_max
+        self.rebuild_after = rebuild_after
+        self.polls = 0
+        self.calls: list[tuple[str, str, Any]] = []
+        self.lock = threading.Lock()
+
+    def service(self) -> dict[str, Any]:
+        if self.active not in self.clusters:  # KubeRay: no active cluster, build one from the spec
+            self.polls += 1
+            if self.rebuild_after is not None and self.polls > self.rebuild_after:
+                self.clusters["ray-llm-abcde"] = cluster("ray-llm-abcde", NEW, self.spec_max)
+                self.active = "ray-llm-abcde"
+        running = self.active in self.clusters
+        apps = {"pd-openai": {"status": "RUNNING" if running else "DEPLOYING"}}
+        return {
+            "spec": {
+                "rayClusterConfig": {
+                    "workerGroupSpecs": [
+                        {"groupName": "gpu", "replicas": 1, "minReplicas": 1, "maxReplicas": self.spec_max}
+                    ]
+                }
+            },
+            "status": {"activeServiceStatus": {"rayClusterName": self.active, "applicationStatuses": apps}}
+            if running
+            else {"pendingServiceStatus": {"rayClusterName": "ray-llm-abcde", "applicationStatuses": apps}},
+        }
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, list[Cluster]]]:
+    state: list[Cluster] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, body: Any, code: int = 200) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self, method: str) -> None:
+            (world,) = state
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            assert self.headers["Authorization"] == "Bearer test-token"
+            with world.lock:
+                world.calls.append((method, self.path, body))
+                base = f"/apis/ray.io/v1/namespaces/{NS}"
+                if method == "GET" and self.path.startswith(f"{base}/rayclusters?labelSelector="):
+                    assert "ray.io%2Foriginated-from-cr-name%3Dray-llm" in self.path
+                    return self._answer({"items": list(world.clusters.values())})
+                if method == "GET" and self.path == f"{base}/rayservices/{NAME}":
+                    return self._answer(world.service())
+                if method == "DELETE" and self.path.startswith(f"{base}/rayclusters/"):
+                    world.clusters.pop(self.path.rsplit("/", 1)[1])
+                    return self._answer({})
+                if method == "PATCH" and self.path.startswith(f"{base}/rayclusters/"):
+                    assert self.headers["Content-Type"] == "application/json-patch+json"
+                    target = world.clusters[self.path.rsplit("/", 1)[1]]
+                    for op in body or []:
+                        _, _, _, index, field = op["path"].split("/")
+                        target["spec"]["workerGroupSpecs"][int(index)][field] = op["value"]
+                    return self._answer(target)
+            self._answer({"message": "not found"}, 404)
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_DELETE(self) -> None:
+            self._handle("DELETE")
+
+        def do_PATCH(self) -> None:
+            self._handle("PATCH")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}", state
+    server.shutdown()
+
+
+def run(base: str, deadline_s: float = 20) -> subprocess.CompletedProcess[str]:
+    """The program as the Job runs it, with a test's API in place of the in-cluster one."""
+    driver = (
+        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
+        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {NEW!r}, {deadline_s!r}, poll_s=0.05))"
+    )
+    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_a_cluster_built_from_an_older_spec_is_deleted_and_the_job_waits_until_the_new_one_serves(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)], rebuild_after=3))
+    ran = run(base)
+    assert ran.returncode == 0, ran.stderr
+    assert (
+        "DELETE",
+        f"/apis/ray.io/v1/namespaces/{NS}/rayclusters/ray-llm-old",
+        {"propagationPolicy": "Background"},
+    ) in world.calls
+    assert "rollout: deleted RayCluster ray-llm-old (config old-digest, the spec's is new-digest)" in ran.stdout
+    assert "rollout: waiting: " in ran.stdout  # it waited for KubeRay's rebuild
+    assert ran.stdout.strip().endswith("rollout: serving from RayCluster ray-llm-abcde with config new-digest")
+
+
+def test_a_cluster_from_before_the_digest_existed_counts_as_stale(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", None)]))
+    assert run(base).returncode == 0
+    assert [c for c in world.calls if c[0] == "DELETE"]
+
+
+def test_nothing_stale_is_a_first_deploy_or_a_serve_only_change_and_passes_at_once(api: Any) -> None:
+    base, state = api
+    for clusters in ([], [cluster("ray-llm-new", NEW)]):
+        state[:] = [world := Cluster(clusters)]
+        ran = run(base)
+        assert ran.returncode == 0 and "rollout: nothing to rebuild" in ran.stdout
+        assert not [c for c in world.calls if c[0] in ("DELETE", "PATCH")]
+
+
+def test_new_worker_bounds_are_set_in_place_without_a_rebuild(api: Any) -> None:
+    """KubeRay under None pushes no bound change (its hash leaves them out); the Job does."""
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-new", NEW, max_replicas=2)], spec_max=4))
+    ran = run(base)
+    assert ran.returncode == 0, ran.stderr
+    assert not [c for c in world.calls if c[0] == "DELETE"]
+    assert world.clusters["ray-llm-new"]["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
+
+
+def test_a_cluster_that_does_not_come_back_fails_with_one_line_naming_what_is_missing(api: Any) -> None:
+    base, state = api
+    state.append(Cluster([cluster("ray-llm-old", OLD)], rebuild_after=None))
+    ran = run(base, deadline_s=0.5)
+    assert ran.returncode == 1
+    (line,) = ran.stderr.strip().splitlines()
+    assert line == (
+        "rollout failed: ray-llm did not serve on config new-digest within 0 s: "
+        "KubeRay has not created a RayCluster from the new spec yet"
+    )
