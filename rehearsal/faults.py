@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 import os
@@ -87,7 +88,7 @@ GCS_RESTART_DELAY_S = 5.0
 KV_PORTS = (23000, 23999)
 KV_UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_PORT_RANGE": "{}-{}".format(*KV_PORTS)}
 KV_CUT_S = 10.0
-FAULTS = ("decode", "prefill", "kv", "replace", "gcs")
+FAULTS = ("decode", "prefill", "kv", "replace", "update", "gcs")
 # Serve puts each request's id in its error body ("Request ID: <uuid>").
 REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REPLACED = "decode replica replaced by the runbook's command"
@@ -352,6 +353,37 @@ def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0
     load.events.write({"type": "fault_end", "name": name, "at": time.time()})
 
 
+def _changed(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
+    """The serve config with one engine setting of ``phase`` changed, as a user's next deploy
+    would change it: ``max_num_seqs`` one lower (greedy answers do not depend on it)."""
+    changed = copy.deepcopy(serve_config)
+    (app,) = changed["applications"]
+    engine = app["args"][f"{phase}_config"]["engine_kwargs"]
+    engine["max_num_seqs"] = max(1, int(engine.get("max_num_seqs", 8)) - 1)
+    return changed
+
+
+def _deploy_config(serve_config: dict[str, Any], http_port: int, timeout_s: float) -> float:
+    """The serve config as KubeRay sends it: the whole config through Serve's declarative API (the
+    dashboard's PUT /api/serve/applications/ calls the same ``deploy_apps``), so Serve decides what
+    restarts by its code-version rules; returns once every application is RUNNING on it."""
+    from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    serve.start(http_options={"host": "127.0.0.1", "port": http_port})
+    started = time.monotonic()
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(serve_config))
+    seen_update = False
+    while time.monotonic() - started < timeout_s:
+        states = {name: s.status for name, s in serve.status().applications.items()}
+        seen_update = seen_update or any(s != "RUNNING" for s in states.values()) or time.monotonic() - started > 15
+        if seen_update and states and all(s == "RUNNING" for s in states.values()):
+            return time.monotonic() - started
+        time.sleep(0.5)
+    raise RuntimeError(f"the serve config did not come up within {timeout_s} s")
+
+
 def _serving_again(outcomes: list[Outcome], after: float) -> float | None:
     """When the second complete request started after ``after`` and after the last failed one
     ended, or None: a request that completed before the fault showed itself is no recovery."""
@@ -608,7 +640,13 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
         deploy(build(control), http_port, args.timeout_s)
         reference = _answers(endpoint, "the colocated control")
         undeploy(control)
-    events.write({"type": "ready", "ready_s": deploy(build(rehearsed), http_port, args.timeout_s)})
+    # The update fault redeploys the config as KubeRay does, so the first deploy goes that way too.
+    ready_s = (
+        _deploy_config(rehearsed, http_port, args.timeout_s)
+        if "update" in args.faults
+        else deploy(build(rehearsed), http_port, args.timeout_s)
+    )
+    events.write({"type": "ready", "ready_s": ready_s})
     (app,) = rehearsed["applications"]
     kv = app["args"]["decode_config"]["engine_kwargs"]["kv_transfer_config"]
     own = _answers(endpoint, "the PD app")
@@ -632,6 +670,17 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             link.remove()
         if "replace" in args.faults:
             _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
+        if "update" in args.faults:
+            current = rehearsed
+            for phase in ("prefill", "decode"):
+                current = _changed(current, phase)
+
+                def redeploy(config: dict[str, Any] = current) -> list[int]:
+                    events.write({"type": "redeployed", "ready_s": _deploy_config(config, http_port, args.timeout_s)})
+                    return []
+
+                _fault(load, f"{phase} engine setting changed, serve config redeployed", redeploy,
+                       args.recovery_bound_s, hold_s=5.0)  # fmt: skip
         if "gcs" not in args.faults:
             return 0
         if store is not None:
