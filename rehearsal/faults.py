@@ -92,6 +92,7 @@ FAULTS = ("decode", "prefill", "kv", "replace", "update", "gcs")
 # Serve puts each request's id in its error body ("Request ID: <uuid>").
 REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REPLACED = "decode replica replaced by the runbook's command"
+REDEPLOYED = "serve config redeployed"
 
 
 @dataclass
@@ -432,6 +433,17 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "recovered_s": recovered_s,
                 "held_s": fault["hold_s"],
                 "first_failure_s": min((o.ended - at for o in affected if not o.complete), default=None),
+                # The longest any request of the fault's window took (held, not failed, counts too).
+                "slowest_s": max((o.ended - o.started for o in window), default=None),
+                # The update fault: how long Serve took to bring the new config to RUNNING.
+                "redeploy_s": next(
+                    (
+                        round(e["ready_s"], 1)
+                        for e in events
+                        if e["type"] == "redeployed" and at <= e.get("at", at) < until
+                    ),
+                    None,
+                ),
                 # The bounds a client meets: how long after the fault the requests in flight at it
                 # ended, and the longest a failed request took from its start to its end.
                 "in_flight_ended_s": max((o.ended - at for o in window if o.started <= at), default=None),
@@ -676,10 +688,11 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
                 current = _changed(current, phase)
 
                 def redeploy(config: dict[str, Any] = current) -> list[int]:
-                    events.write({"type": "redeployed", "ready_s": _deploy_config(config, http_port, args.timeout_s)})
+                    ready_s = _deploy_config(config, http_port, args.timeout_s)
+                    events.write({"type": "redeployed", "at": time.time(), "ready_s": ready_s})
                     return []
 
-                _fault(load, f"{phase} engine setting changed, serve config redeployed", redeploy,
+                _fault(load, f"{phase} engine setting changed, {REDEPLOYED}", redeploy,
                        args.recovery_bound_s, hold_s=5.0)  # fmt: skip
         if "gcs" not in args.faults:
             return 0
@@ -815,8 +828,10 @@ def holds(report: dict[str, Any]) -> bool:
     with GCS fault tolerance, the GCS's death fails no request, the replicas serve while it is
     down, and the restarted GCS knows the Serve controller."""
     faults = report["faults"]
-    bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f]
-    ok = len(faults) == len(report["faults_chosen"]) and all(f["recovered_s"] is not None for f in bounded)
+    bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f or REDEPLOYED in f["fault"]]
+    # The update fault is two injections: a prefill and a decode engine setting.
+    injected = sum(2 if chosen == "update" else 1 for chosen in report["faults_chosen"])
+    ok = len(faults) == injected and all(f["recovered_s"] is not None for f in bounded)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
     ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
     for kv in (f for f in faults if "kv_cut_s" in f):

@@ -1,5 +1,5 @@
 """GPU managed node group with every EFA interface of its instance type, in one AZ and a cluster
-placement group.
+placement group (none when its capacity is a reservation, which brings its own placement).
 
 No CDK construct covers EFA node groups, so the launch template is written out: one interface per
 entry of the type's layout (``InstanceFacts.network_interfaces``: a single ``efa`` interface, or on
@@ -16,7 +16,7 @@ from aws_cdk import aws_eks_v2 as eks
 from constructs import Construct
 
 from ._private import launch_template, nag
-from .layout import GpuGroup
+from .layout import ON_DEMAND, GpuCapacity, GpuGroup
 
 
 class EfaGpuNodeGroup(Construct):
@@ -28,6 +28,9 @@ class EfaGpuNodeGroup(Construct):
     :param vpc: the cluster's VPC (for the EFA security group).
     :param subnet: the one private subnet of the GPU AZ.
     :param root_volume_gib: encrypted gp3 root volume per node (images, model cache). Default: 200.
+    :param capacity: how the nodes are bought (``layout.GpuCapacity``): a reservation is targeted
+        by the launch template and gets no placement group of the stack's (a reservation made
+        outside it could not be used inside it). Default: on-demand.
     """
 
     def __init__(
@@ -40,6 +43,7 @@ class EfaGpuNodeGroup(Construct):
         vpc: ec2.IVpc,
         subnet: ec2.ISubnet,
         root_volume_gib: int = 200,
+        capacity: GpuCapacity = ON_DEMAND,
     ) -> None:
         super().__init__(scope, id)
         # EFA traffic must be allowed to and from the group itself; allow_all_outbound already
@@ -54,9 +58,25 @@ class EfaGpuNodeGroup(Construct):
         self.security_group.add_ingress_rule(
             self.security_group, ec2.Port.all_traffic(), "EFA and NCCL between GPU nodes"
         )
-        self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
-
         L = ec2.CfnLaunchTemplate
+        self.capacity = capacity
+        self.placement_group: ec2.CfnPlacementGroup | None = None
+        placement = None
+        if not capacity.reserved:
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            placement = L.PlacementProperty(group_name=self.placement_group.ref)
+        reservation = None
+        if capacity.reserved:
+            target = (
+                L.CapacityReservationTargetProperty(capacity_reservation_resource_group_arn=capacity.target)
+                if capacity.kind == "odcr-group"
+                else L.CapacityReservationTargetProperty(capacity_reservation_id=capacity.target)
+            )
+            reservation = L.CapacityReservationSpecificationProperty(capacity_reservation_target=target)
+        # EC2's launch template for a Capacity Block (the EKS guide's "Capacity Blocks for ML").
+        market = (
+            L.InstanceMarketOptionsProperty(market_type="capacity-block") if capacity.kind == "capacity-block" else None
+        )
         groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
         self.launch_template = L(
             self,
@@ -74,7 +94,9 @@ class EfaGpuNodeGroup(Construct):
                 ],
                 metadata_options=launch_template.imds_v2(launch_template.GPU_IMDS_HOP_LIMIT),
                 block_device_mappings=[launch_template.root_volume(root_volume_gib)],
-                placement=L.PlacementProperty(group_name=self.placement_group.ref),
+                placement=placement,
+                capacity_reservation_specification=reservation,
+                instance_market_options=market,
             ),
         )
         self.group = group
@@ -94,8 +116,14 @@ class EfaGpuNodeGroup(Construct):
             labels=group.node_labels,
             tags=group.node_template_tags or None,
             subnets=ec2.SubnetSelection(subnets=[subnet]),
+            capacity_type=_CAPACITY_TYPES.get(capacity.kind),
         )
         cfn_nodegroup = self.nodegroup.node.default_child
         assert isinstance(cfn_nodegroup, eks.CfnNodegroup)
         cfn_nodegroup.add_property_override("InstanceTypes", [group.instance_type])
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)
+
+
+# The node group's capacity type per option; on-demand and the ODCR kinds leave EKS's default
+# (ON_DEMAND, which an open or targeted reservation serves).
+_CAPACITY_TYPES = {"spot": eks.CapacityType.SPOT, "capacity-block": eks.CapacityType.CAPACITY_BLOCK}

@@ -8,8 +8,10 @@ pinned by its own labels and a Ray resource only its workers offer.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Literal
 
 from .capacity.checks import GroupNeed
 from .catalog import INSTANCE_TYPES, InstanceFacts
@@ -146,3 +148,50 @@ def gpu_groups(
             )
         )
     return groups
+
+
+# --- how a GPU group buys its capacity ----------------------------------------------------------
+# ``gpu_capacity``, ``prefill_capacity``, ``decode_capacity``: ``on-demand``; ``spot`` (prefill
+# only: decode holds the streams); ``odcr:<cr-id>`` or ``odcr-group:<resource group ARN>``, an
+# On-Demand Capacity Reservation the launch template targets; ``capacity-block:<cr-id>``, an EC2
+# Capacity Block for ML (node group capacity type CAPACITY_BLOCK, launch template market type
+# ``capacity-block``), per AWS's EC2 and EKS guides. A reservation brings its own placement, so the
+# stack's placement group is left out for the three reservation kinds; preflight checks its AZ,
+# instance type, count and window.
+CapacityKind = Literal["on-demand", "spot", "odcr", "odcr-group", "capacity-block"]
+RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{17}$")
+GROUP_ARN = re.compile(r"^arn:aws[a-z-]*:resource-groups:[a-z0-9-]+:\d{12}:group/[\w.-]{1,128}$")
+CAPACITY_FORMS = "on-demand, spot, odcr:<cr-id>, odcr-group:<resource group ARN> or capacity-block:<cr-id>"
+
+
+@dataclass(frozen=True)
+class GpuCapacity:
+    kind: CapacityKind = "on-demand"
+    #: The reservation's id (odcr, capacity-block) or its resource group's ARN (odcr-group).
+    target: str | None = None
+
+    @property
+    def reserved(self) -> bool:
+        return self.kind in ("odcr", "odcr-group", "capacity-block")
+
+    @property
+    def reservation_id(self) -> str | None:
+        return self.target if self.kind in ("odcr", "capacity-block") else None
+
+    def __str__(self) -> str:
+        return self.kind if self.target is None else f"{self.kind}:{self.target}"
+
+
+ON_DEMAND = GpuCapacity()
+
+
+def parse_capacity(text: str) -> GpuCapacity:
+    """One of ``CAPACITY_FORMS``; ValueError naming them otherwise."""
+    kind, _, target = text.strip().partition(":")
+    if kind in ("on-demand", "spot") and not target:
+        return GpuCapacity(kind)  # type: ignore[arg-type]
+    if kind in ("odcr", "capacity-block") and RESERVATION_ID.match(target):
+        return GpuCapacity(kind, target)  # type: ignore[arg-type]
+    if kind == "odcr-group" and GROUP_ARN.match(target):
+        return GpuCapacity("odcr-group", target)
+    raise ValueError(f"not a capacity option: one of {CAPACITY_FORMS}")

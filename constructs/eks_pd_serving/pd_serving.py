@@ -97,6 +97,7 @@ class PdServing(Construct):
                 vpc=self.network.vpc,
                 subnet=self.network.gpu_subnet,
                 root_volume_gib=config.gpu_root_volume_gib,
+                capacity=config.capacity_of(group),
             )
             for group in config.gpu_groups
         ]

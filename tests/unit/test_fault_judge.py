@@ -251,3 +251,21 @@ def test_failures_are_counted_by_kind_without_request_ids_and_the_bounds_are_mea
     }
     assert round(result["in_flight_ended_s"], 3) == 0.2
     assert round(result["longest_failed_s"], 3) == 120.0
+
+
+def test_the_update_fault_is_two_redeploys_each_bounded_and_the_slowest_request_is_measured() -> None:
+    """The update fault changes a prefill and then a decode engine setting: two injections, each
+    must serve again with no wrong answer; a request Serve held during the switch is the window's
+    slowest, whether or not it failed."""
+    update = {
+        "fault": "prefill engine setting changed, serve config redeployed",
+        "recovered_s": 2.0,
+        "wrong_answers": 0,
+    }
+    both = [update, {**update, "fault": "decode engine setting changed, serve config redeployed"}]
+    report = {"faults_chosen": ["update"], "gcs_fault_tolerance": False, "faults": both}
+    assert holds(report)
+    assert not holds({**report, "faults": both[:1]})
+    assert not holds({**report, "faults": [both[0], {**both[1], "recovered_s": None}]})
+    (result,) = judge(events(outcome(9.0, 10.5), outcome(10.6, 80.6), outcome(80.7, 81.0), outcome(81.0, 81.5)), 240)
+    assert result["requests_failed"] == 0 and round(result["slowest_s"], 1) == 70.0

@@ -15,6 +15,7 @@ AZs into cdk.context.json so the next synth pins them.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,6 +167,87 @@ def check_log_groups(logs: Any, config: DeploymentConfig) -> tuple[str, bool, st
     return "Log groups", True, "none of the stack's named log groups exists yet"
 
 
+# A Capacity Block or a dated reservation must outlast the deploy and the first hours of serving.
+RESERVATION_MARGIN = datetime.timedelta(hours=2)
+
+
+def check_reservations(
+    ec2: Any, config: DeploymentConfig, gpu_az: str, now: datetime.datetime | None = None
+) -> list[tuple[str, bool, str]]:
+    """Each reserved GPU group's reservation (DescribeCapacityReservations) against the group: its
+    instance type, the GPU AZ, default tenancy, Linux/UNIX, state, free instances for the group's
+    most nodes (summed where groups share one), and its end (a Capacity Block's, or a dated ODCR's)
+    at least ``RESERVATION_MARGIN`` away. One row per group, each failure with its fix."""
+    from botocore.exceptions import ClientError
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    groups = [(g, config.capacity_of(g)) for g in config.gpu_groups]
+    wanted: dict[str, int] = {}
+    for group, capacity in groups:
+        if capacity.reservation_id:
+            wanted[capacity.reservation_id] = wanted.get(capacity.reservation_id, 0) + group.max_node_count
+    rows = []
+    for group, capacity in groups:
+        name = f"Capacity ({group.name})"
+        if capacity.kind == "odcr-group":
+            rows.append((name, True, f"{capacity.target}: a reservation group; its reservations are not read here"))
+            continue
+        if capacity.reservation_id is None:
+            continue
+        rid = capacity.reservation_id
+        try:
+            (found,) = ec2.describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"]
+        except ClientError as error:
+            rows.append(
+                (
+                    name,
+                    False,
+                    f"{rid}: {error.response['Error']['Code']}. Fix: name a reservation of this account and region",
+                )
+            )
+            continue
+        problems = []
+        if found["InstanceType"] != group.instance_type:
+            problems.append(f"it reserves {found['InstanceType']}, the group runs {group.instance_type}")
+        if found["AvailabilityZone"] != gpu_az:
+            problems.append(f"it is in {found['AvailabilityZone']}, the GPU AZ is {gpu_az} (set gpu_availability_zone)")
+        if found.get("Tenancy", "default") != "default":
+            problems.append(f"its tenancy is {found['Tenancy']}, the nodes launch with default tenancy")
+        if found.get("InstancePlatform", "Linux/UNIX") != "Linux/UNIX":
+            problems.append(f"its platform is {found['InstancePlatform']}, the nodes run Linux/UNIX")
+        state = found.get("State")
+        if state == "scheduled":
+            problems.append(f"it starts at {found.get('StartDate')}: deploy after that")
+        elif state != "active":
+            problems.append(f"its state is {state}")
+        available = int(found.get("AvailableInstanceCount", 0))
+        if available < wanted[rid]:
+            problems.append(f"{available} instance(s) free, the groups on it need {wanted[rid]}")
+        end = found.get("EndDate")
+        if end is not None and end - now < RESERVATION_MARGIN:
+            problems.append(f"it ends at {end.isoformat()}, within {RESERVATION_MARGIN} (nodes are terminated then)")
+        if problems:
+            rows.append(
+                (
+                    name,
+                    False,
+                    f"{rid}: {'; '.join(problems)}. Fix: choose a reservation that matches, or "
+                    f"{derived_setting(config, group)}=on-demand",
+                )
+            )
+        else:
+            ends = f", until {end.isoformat()}" if end is not None else ""
+            rows.append((name, True, f"{rid}: {found['InstanceType']} in {gpu_az}, {available} free{ends}"))
+    return rows
+
+
+def derived_setting(config: DeploymentConfig, group: Any) -> str:
+    """The setting that chose ``group``'s capacity."""
+    if group.shared:
+        return "gpu_capacity"
+    return f"{group.name}_capacity" if getattr(config, f"{group.name}_capacity") else "gpu_capacity"
+
+
 # Who writes access logs into a bucket (its policy must allow them s3:PutObject there): S3 for a
 # bucket's server access logs, the log delivery service for an NLB's (Elastic Load Balancing guide,
 # "Enable access logs for your Network Load Balancer").
@@ -253,6 +335,7 @@ def check(
     ):
         result.checks.append((found.name, found.passed, found.detail))
     result.checks += check_instance_facts(ec2, config)
+    result.checks += check_reservations(ec2, config, result.gpu_az)
     try:
         cloudformation.describe_stacks(StackName=BOOTSTRAP_STACK)
         result.checks.append(("CDK bootstrap", True, f"{BOOTSTRAP_STACK} exists"))

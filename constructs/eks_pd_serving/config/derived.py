@@ -107,6 +107,20 @@ def gpu_group(s: Settings, phase: str) -> GpuGroup:
     return next(group for group in gpu_groups(s) if phase in group.phases)
 
 
+def capacity_setting(s: Settings, group: GpuGroup) -> str:
+    """The setting that chose a group's capacity (error messages name it)."""
+    if group.shared:
+        return "gpu_capacity"
+    chosen = s.prefill_capacity if group.name == "prefill" else s.decode_capacity
+    return "gpu_capacity" if chosen is None else f"{group.name}_capacity"
+
+
+def gpu_capacity(s: Settings, group: GpuGroup) -> layout.GpuCapacity:
+    """How a group's nodes are bought: its phase's setting (per_phase), else ``gpu_capacity``."""
+    chosen = None if group.shared else (s.prefill_capacity if group.name == "prefill" else s.decode_capacity)
+    return layout.parse_capacity(chosen or s.gpu_capacity)
+
+
 def type_setting(s: Settings, group: GpuGroup) -> str:
     """The setting that chose a group's instance type (error messages name it)."""
     if group.shared or phase_settings(s, group.name).gpu_instance_type is None:

@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, field_validator
 
-from .. import versions
+from .. import layout, versions
 from ..catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, InstanceFacts, efa_plugin_instance_types
 
 EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")
@@ -74,6 +74,8 @@ class FieldRules(BaseModel):
         "api_keys_secret_arn",
         "tls_certificate_arn",
         "access_logs_bucket",
+        "prefill_capacity",
+        "decode_capacity",
         "image",
         "prefill_gpu_instance_type",
         "prefill_gpu_node_count",
@@ -194,6 +196,11 @@ class FieldRules(BaseModel):
         if value is not None and not CERTIFICATE_ARN.match(value):
             raise ValueError("not an ACM certificate ARN")
         return value
+
+    @field_validator("gpu_capacity", "prefill_capacity", "decode_capacity", check_fields=False)
+    @classmethod
+    def _capacity(cls, value: str | None) -> str | None:
+        return None if value is None else str(layout.parse_capacity(value))
 
     @field_validator("ray_upgrade_strategy", mode="before", check_fields=False)
     @classmethod

@@ -81,6 +81,10 @@ class DeploymentConfig(Settings, FieldRules):
     def gpu_group(self, phase: str) -> GpuGroup:
         return derived.gpu_group(self, phase)
 
+    def capacity_of(self, group: GpuGroup) -> layout.GpuCapacity:
+        """How ``group``'s nodes are bought (``gpu_capacity`` or its phase's setting)."""
+        return derived.gpu_capacity(self, group)
+
     @property
     def kubernetes_release(self) -> versions.KubernetesRelease:
         return derived.kubernetes_release(self)

@@ -171,6 +171,33 @@ def _check_upgrade_strategy(config: Settings) -> None:
         )
 
 
+def _check_capacity(config: Settings) -> None:
+    """Spot for prefill alone, reservations in a known AZ, a Capacity Block at its fixed count."""
+    for key in ("prefill_capacity", "decode_capacity"):
+        if getattr(config, key) is not None and config.gpu_layout != "per_phase":
+            raise ValueError(
+                f"{key}={getattr(config, key)!r} has no effect with gpu_layout={config.gpu_layout!r}. Fix: set "
+                "gpu_layout=per_phase, or use gpu_capacity"
+            )
+    for group in derived.gpu_groups(config):
+        capacity, key = derived.gpu_capacity(config, group), derived.capacity_setting(config, group)
+        if capacity.kind == "spot" and "decode" in group.phases:
+            raise ValueError(
+                f"{key}='spot' for the group that runs decode: a spot interruption ends every stream it holds. "
+                "Fix: set gpu_layout=per_phase and prefill_capacity=spot, keeping decode on-demand or reserved"
+            )
+        if capacity.reserved and not config.gpu_availability_zone:
+            raise ValueError(
+                f"{key}={str(capacity)!r} without gpu_availability_zone: the node group must launch in the "
+                "reservation's AZ. Fix: set gpu_availability_zone to it (preflight reads it and writes it)"
+            )
+        if capacity.kind == "capacity-block" and config.autoscaling:
+            raise ValueError(
+                f"{key}={str(capacity)!r} with autoscaling=true: a Capacity Block is a fixed count for a fixed "
+                "window, so its group is pinned at the block's count. Fix: set autoscaling=false, or another capacity"
+            )
+
+
 def _shown(config: Settings, key: str, value: object) -> str:
     """'key=value', marked as the default when the setting was not given."""
     return f"{key}={value}" + ("" if getattr(config, key) is not None else " (default)")
@@ -381,6 +408,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_observability,
     _check_autoscaling,
     _check_upgrade_strategy,
+    _check_capacity,
     _check_gpus,
     _check_model,
     _check_root_volume,

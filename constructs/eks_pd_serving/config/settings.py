@@ -164,6 +164,27 @@ class Settings(BaseModel):
         description="per_phase only: nodes in the decode node group.",
         json_schema_extra=_hint("a whole number from 1 to 16", means=str(DEFAULT_PHASE_NODE_COUNT)),
     )
+    gpu_capacity: str = Field(
+        "on-demand",
+        description=(
+            "How the GPU nodes are bought (docs/features/capacity.md): on-demand; odcr:<cr-id> or odcr-group:<ARN>, "
+            "an On-Demand Capacity Reservation; capacity-block:<cr-id>, an EC2 Capacity Block for ML. A reservation "
+            "brings its own placement (no stack placement group); preflight checks its type, AZ, count and window."
+        ),
+        json_schema_extra=_hint(
+            "on-demand, odcr:cr-<17 hex>, odcr-group:<resource group ARN> or capacity-block:cr-<17 hex>"
+        ),
+    )
+    prefill_capacity: str | None = Field(
+        None,
+        description="per_phase only: the prefill group's capacity, as gpu_capacity, or spot (prefill only).",
+        json_schema_extra=_hint("as gpu_capacity, or spot", means="gpu_capacity"),
+    )
+    decode_capacity: str | None = Field(
+        None,
+        description="per_phase only: the decode group's capacity, as gpu_capacity (not spot: it holds the streams).",
+        json_schema_extra=_hint("as gpu_capacity", means="gpu_capacity"),
+    )
 
     # --- observability -------------------------------------------------------------------
     observability: bool = Field(
