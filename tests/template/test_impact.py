@@ -30,6 +30,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "manual_g6e": {"ray_upgrade_strategy": "manual", "gpu_instance_type": "g6e.8xlarge"},
     "manual_api_keys": {"ray_upgrade_strategy": "manual", "api_keys": True},
     "manual_gcs_ft_off": {"ray_upgrade_strategy": "manual", "gcs_fault_tolerance": False},
+    "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
+    "new_cluster_guard_off": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2, "kv_pull_guard": "off"},
 }
 REBUILDS = "RayCluster config changed under recreate: the deploy rebuilds the Ray cluster"
 MANUAL = "not applied until the cluster is recreated"
@@ -204,3 +206,11 @@ def test_gcs_fault_tolerance_off_warns_that_the_running_head_loses_its_store(syn
     rebuilt = impact(synthesized, "base", "gcs_ft_off")
     service = " ".join(o.effect for o in rebuilt.objects if o.object == "RayService/inference/ray-llm")
     assert "after the deploy has rebuilt the cluster without it" in service
+
+
+def test_under_new_cluster_the_second_clusters_gpu_nodes_are_counted_and_priced(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "new_cluster", "new_cluster_guard_off")
+    ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    # The walkthrough's two g6.8xlarge workers again beside the first cluster, at the catalogue's price.
+    assert "a second Ray cluster is built beside the first" in ray and "2 more GPU node(s)" in ray
+    assert "2 x g6.8xlarge at $2.014/h: $4.03 an hour on demand in us-east-1 while both run" in ray

@@ -162,7 +162,21 @@ def _gcs_fault_tolerant(ray_service: Mapping[str, Any]) -> bool:
     return "gcsFaultToleranceOptions" in ((ray_service.get("spec") or {}).get("rayClusterConfig") or {})
 
 
-def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+def _worker_instance_types(model: StackModel, ray_service: Mapping[str, Any]) -> dict[str, str]:
+    """Each Ray worker group's node type: the node group its nodeSelector lands on."""
+    found = {}
+    for group in ((ray_service.get("spec") or {}).get("rayClusterConfig") or {}).get("workerGroupSpecs") or []:
+        selector = ((group.get("template") or {}).get("spec") or {}).get("nodeSelector") or {}
+        for nodegroup in facts.nodegroups_for(model, selector) if selector else []:
+            types = nodegroup.properties.get("InstanceTypes") or []
+            if types and isinstance(types[0], str):
+                found[str(group.get("groupName"))] = types[0]
+    return found
+
+
+def _ray_service_effect(
+    old: Mapping[str, Any], new: Mapping[str, Any], instance_types: Mapping[str, str] | None = None
+) -> list[str]:
     # The rollout's digest annotation moves with the cluster config; the cluster line says what it does.
     digest = f"metadata.annotations.{digest_annotation()}"
     changed = {
@@ -172,7 +186,7 @@ def _ray_service_effect(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[
     }
     lines = rollout.serve_lines(old, new) if "serveConfigV2" in changed else []
     if "rayClusterConfig" in changed:
-        lines.append(rollout.cluster_line(old, new))
+        lines.append(rollout.cluster_line(old, new, instance_types))
     # Where the deploy rebuilds the cluster itself, what turns on or off with it does so then.
     rebuilt = rollout.rebuilt(old, new)
     keyed = [_checks_api_keys(side) for side in (old, new)]
@@ -255,7 +269,7 @@ def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectCha
                 )
         elif _canonical(olds[key].body) != _canonical(news[key].body):
             lines = (
-                _ray_service_effect(olds[key].body, news[key].body)
+                _ray_service_effect(olds[key].body, news[key].body, _worker_instance_types(new, news[key].body))
                 if news[key].kind == "RayService"
                 else [_object_effect(news[key])]
             )

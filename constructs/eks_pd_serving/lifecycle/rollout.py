@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from ..catalog.prices import INSTANCE_PRICES
 from ..rollout import digest_annotation
 
 # Ray Serve 2.58's application code version (deploy_utils.get_app_code_version).
@@ -104,14 +105,36 @@ def worker_nodes(ray_service: Mapping[str, Any]) -> int:
     return sum(int(g.get("replicas") or g.get("minReplicas") or 0) for g in groups)
 
 
-def cluster_line(old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
-    """What a changed ``rayClusterConfig`` does under the new spec's strategy."""
+def second_cluster_cost(ray_service: Mapping[str, Any], instance_types: Mapping[str, str]) -> str:
+    """What the second cluster's GPU workers cost while both run: one node a worker pod (the GPU
+    groups' layout), priced on-demand from the catalogue (``instance_types``: worker group name to
+    its node group's type)."""
+    groups = ((ray_service.get("spec") or {}).get("rayClusterConfig") or {}).get("workerGroupSpecs") or []
+    parts, total = [], 0.0
+    for group in groups:
+        count = int(group.get("replicas") or group.get("minReplicas") or 0)
+        kind = instance_types.get(str(group.get("groupName")), "")
+        price = INSTANCE_PRICES.get(kind)
+        if price is None:
+            parts.append(f"{count} x {kind or 'an unknown type'} (no price in the table)")
+            continue
+        total += count * price
+        parts.append(f"{count} x {kind} at ${price:.4g}/h")
+    return f"{', '.join(parts)}: ${total:.2f} an hour on demand in us-east-1 while both run"
+
+
+def cluster_line(
+    old: Mapping[str, Any], new: Mapping[str, Any], instance_types: Mapping[str, str] | None = None
+) -> str:
+    """What a changed ``rayClusterConfig`` does under the new spec's strategy (``instance_types``:
+    each worker group's node type, for NewCluster's extra nodes)."""
     strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
     if strategy == "NewCluster":
         return (
             "RayCluster config changed under NewCluster: a second Ray cluster is built beside the first, traffic "
-            f"switches when it serves; meanwhile {worker_nodes(new)} more GPU node(s) and a second head run "
-            "(cost: see `cost`, per hour while both run)"
+            f"switches when it serves; meanwhile {worker_nodes(new)} more GPU node(s) and a second head run ("
+            + second_cluster_cost(new, instance_types or {})
+            + ")"
         )
     if converges(new):
         if _digest(old) == _digest(new):
