@@ -185,3 +185,47 @@ def test_a_cluster_that_does_not_come_back_fails_with_one_line_naming_what_is_mi
         "rollout failed: ray-llm did not serve on config new-digest within 0 s: "
         "KubeRay has not created a RayCluster from the new spec yet"
     )
+
+
+# --- the Job's calls against its Role (RBAC is the Job's IAM: the emulated API grants everything) ---
+def _role_rules(rules_override: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    import cdk8s
+
+    from eks_pd_serving.k8s import PodProgram, RolloutChart, RolloutSpec
+
+    program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
+    spec = RolloutSpec(NAME, NS, NEW, program, rollout.env_names(), "image", {"role": "system"}, 60)
+    (role,) = [o for o in RolloutChart(cdk8s.App(), "R", spec=spec).to_json() if o["kind"] == "Role"]
+    return rules_override if rules_override is not None else role["rules"]
+
+
+def _denied(calls: list[tuple[str, str, Any]], rules: list[dict[str, Any]]) -> list[str]:
+    """The calls the Role does not allow, read as the API server authorizes them."""
+    denied = []
+    for method, path, _ in calls:
+        parts = path.split("?")[0].split("/")  # /apis/ray.io/v1/namespaces/<ns>/<resource>[/<name>]
+        resource, name = parts[6], (parts[7] if len(parts) > 7 else None)
+        verb = {"GET": "get" if name else "list", "DELETE": "delete", "PATCH": "patch"}[method]
+        if not any(
+            resource in r["resources"]
+            and verb in r["verbs"]
+            and (name is None or name in r.get("resourceNames", [name]))
+            for r in rules
+        ):
+            denied.append(f"{verb} {resource}/{name or ''}")
+    return denied
+
+
+def test_every_call_the_job_makes_is_allowed_by_its_role_and_a_removed_grant_is_caught(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)]))
+    assert run(base).returncode == 0
+    state[:] = [bounds := Cluster([cluster("ray-llm-new", NEW, max_replicas=2)], spec_max=4)]
+    assert run(base).returncode == 0
+    calls = world.calls + bounds.calls
+    assert {c[0] for c in calls} == {"GET", "DELETE", "PATCH"}  # every kind of call was made
+    assert _denied(calls, _role_rules()) == []
+    without_patch = [{**r, "verbs": [v for v in r["verbs"] if v != "patch"]} for r in _role_rules()]
+    assert _denied(calls, _role_rules(without_patch)) == ["patch rayclusters/ray-llm-new"]
+    other_service = [{**r, "resourceNames": ["other"]} if "resourceNames" in r else r for r in _role_rules()]
+    assert "get rayservices/ray-llm" in _denied(calls, _role_rules(other_service))

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..capacity.checks import check_capacity, offered_azs
 from ..catalog import INSTANCE_TYPES, mismatches
-from ..config import DeploymentConfig
+from ..config import DeploymentConfig, derived
 from ..lifecycle.needs import named_log_groups
 from ..observability import ADDON_NAME, addon_configuration
 from ._common import add_config_arguments, console, load_config, table
@@ -232,20 +232,13 @@ def check_reservations(
                     name,
                     False,
                     f"{rid}: {'; '.join(problems)}. Fix: choose a reservation that matches, or "
-                    f"{derived_setting(config, group)}=on-demand",
+                    f"{derived.capacity_setting(config, group)}=on-demand",
                 )
             )
         else:
             ends = f", until {end.isoformat()}" if end is not None else ""
             rows.append((name, True, f"{rid}: {found['InstanceType']} in {gpu_az}, {available} free{ends}"))
     return rows
-
-
-def derived_setting(config: DeploymentConfig, group: Any) -> str:
-    """The setting that chose ``group``'s capacity."""
-    if group.shared:
-        return "gpu_capacity"
-    return f"{group.name}_capacity" if getattr(config, f"{group.name}_capacity") else "gpu_capacity"
 
 
 # Who writes access logs into a bucket (its policy must allow them s3:PutObject there): S3 for a

@@ -107,18 +107,21 @@ def gpu_group(s: Settings, phase: str) -> GpuGroup:
     return next(group for group in gpu_groups(s) if phase in group.phases)
 
 
+def _phase_capacity(s: Settings, group: GpuGroup) -> str | None:
+    """A per_phase group's own capacity setting, None where it defaults to ``gpu_capacity``."""
+    if group.shared:
+        return None
+    return s.prefill_capacity if group.name == "prefill" else s.decode_capacity
+
+
 def capacity_setting(s: Settings, group: GpuGroup) -> str:
     """The setting that chose a group's capacity (error messages name it)."""
-    if group.shared:
-        return "gpu_capacity"
-    chosen = s.prefill_capacity if group.name == "prefill" else s.decode_capacity
-    return "gpu_capacity" if chosen is None else f"{group.name}_capacity"
+    return "gpu_capacity" if _phase_capacity(s, group) is None else f"{group.name}_capacity"
 
 
 def gpu_capacity(s: Settings, group: GpuGroup) -> layout.GpuCapacity:
     """How a group's nodes are bought: its phase's setting (per_phase), else ``gpu_capacity``."""
-    chosen = None if group.shared else (s.prefill_capacity if group.name == "prefill" else s.decode_capacity)
-    return layout.parse_capacity(chosen or s.gpu_capacity)
+    return layout.parse_capacity(_phase_capacity(s, group) or s.gpu_capacity)
 
 
 def type_setting(s: Settings, group: GpuGroup) -> str:
