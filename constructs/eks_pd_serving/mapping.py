@@ -1,8 +1,9 @@
 """The one place that maps the settings (``DeploymentConfig``) to what the constructs take: the
 region and image resolved once, the cluster's props, the endpoint's network (the serve port's
 CIDRs, the NLB's props), and the RayService chart's typed props (pod sizes, worker groups,
-engines, KV transfer). The constructs and the chart know nothing of the settings; ``PdServing``
-composes and orders what this returns (its reading of settings moves here, issue 39)."""
+engines, KV transfer), and every other construct's settings as one frozen ``DeploymentPlan``.
+The constructs and the chart know nothing of the settings; ``PdServing`` composes and orders
+what this returns and reads no setting itself (a packaging test holds that)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from aws_cdk import Aws, Token
 from aws_cdk import aws_ec2 as ec2
 
 from . import versions
+from .capacity.checks import GroupNeed
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import ConfigError, DeploymentConfig
@@ -36,8 +38,157 @@ from .k8s import (
     ReplicaAutoscaling,
     WorkerGroupSpec,
 )
-from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuGroup
+from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPlan:
+    """``Network``'s settings (a brought VPC is passed beside them)."""
+
+    availability_zones: tuple[str, ...] | None
+    nat_gateways: int
+    gpu_availability_zone: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuNodeGroupPlan:
+    """One ``EfaGpuNodeGroup``: its group, root volume and how its nodes are bought."""
+
+    group: GpuGroup
+    root_volume_gib: int
+    capacity: GpuCapacity
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsPlan:
+    """``ModelWeights``' settings; ``access_logs``: (bucket name, prefix) or None."""
+
+    model_source: str
+    revision: str
+    hf_token_secret: str | None
+    removal: str
+    access_logs: tuple[str, str] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class GcsStorePlan:
+    """``GcsStore``'s sizing."""
+
+    node_type: str
+    replicas: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ObservabilityPlan:
+    """``CloudWatchObservability`` and ``ServingDashboard``'s settings."""
+
+    addon_version: str
+    alarm_email: str | None
+    api_keys: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class PodIdentityPlan:
+    """The Ray pods' namespace and service accounts, which EKS Pod Identity associates."""
+
+    namespace: str
+    worker_service_account: str
+    head_service_account: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentPlan:
+    """Every construct's settings, read once from ``DeploymentConfig``. None: the feature is off."""
+
+    cluster_name: str
+    region: str
+    stack_region_setting: str | None
+    warnings: tuple[str, ...]
+    log_retention_days: int
+    network: NetworkPlan
+    capacity_needs: tuple[GroupNeed, ...]
+    cluster: EksClusterProps
+    gpu_node_groups: tuple[GpuNodeGroupPlan, ...]
+    autoscaler_kubernetes_version: str | None
+    weights: WeightsPlan | None
+    api_keys: bool
+    api_keys_secret_arn: str | None
+    gcs_store: GcsStorePlan | None
+    identities: PodIdentityPlan
+    observability: ObservabilityPlan | None
+    image: str
+    converge: bool
+
+
+def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPlan:
+    """The settings of every construct ``PdServing`` builds, the region resolved once.
+    ``brought_vpc``: the VPC is the caller's (its routes decide how S3 is reached)."""
+    resolved_region = region(config)
+    return DeploymentPlan(
+        cluster_name=config.cluster_name,
+        region=resolved_region,
+        stack_region_setting=config.region,
+        warnings=tuple(warnings(config, brought_vpc=brought_vpc)),
+        log_retention_days=config.log_retention_days,
+        network=NetworkPlan(
+            availability_zones=config.availability_zones,
+            nat_gateways=config.nat_gateways,
+            gpu_availability_zone=config.gpu_availability_zone,
+        ),
+        capacity_needs=tuple(group.need for group in config.gpu_groups),
+        cluster=cluster_props(config),
+        gpu_node_groups=tuple(
+            GpuNodeGroupPlan(
+                group=group, root_volume_gib=config.gpu_root_volume_gib, capacity=config.capacity_of(group)
+            )
+            for group in config.gpu_groups
+        ),
+        autoscaler_kubernetes_version=config.kubernetes_version if config.autoscaling else None,
+        weights=WeightsPlan(
+            model_source=config.model_source,
+            revision=config.model_revision,
+            hf_token_secret=config.hf_token_secret,
+            removal=config.model_bucket_removal,
+            access_logs=(config.access_logs_bucket, access_logs_prefix(config, "s3"))
+            if config.access_logs_bucket
+            else None,
+        )
+        if config.weights_source == "s3"
+        else None,
+        api_keys=config.api_keys_on,
+        api_keys_secret_arn=config.api_keys_secret_arn,
+        gcs_store=GcsStorePlan(node_type=config.gcs_store_node_type, replicas=config.gcs_store_replicas)
+        if config.gcs_fault_tolerance
+        else None,
+        identities=PodIdentityPlan(
+            namespace=config.namespace,
+            worker_service_account=worker_service_account(config),
+            head_service_account=head_service_account(config),
+        ),
+        observability=ObservabilityPlan(
+            addon_version=config.cloudwatch_addon_version,
+            alarm_email=config.alarm_email,
+            api_keys=config.api_keys_on,
+        )
+        if config.observability
+        else None,
+        image=config.image or versions.ray_image_uri(resolved_region),
+        converge=converges(config),
+    )
+
+
+def warnings(config: DeploymentConfig, *, brought_vpc: bool) -> list[str]:
+    """The settings' synth warnings, and those of the settings with a brought VPC."""
+    found = config.warnings()
+    if brought_vpc and config.weights_source == "s3":
+        found.append(
+            "weights_source=s3 with a brought VPC: the engines read the weights from S3 over the VPC's own routes; "
+            "without an S3 gateway endpoint on its private route tables every engine start crosses its NAT. "
+            "Add one (aws ec2 create-vpc-endpoint --vpc-endpoint-type Gateway "
+            "--service-name com.amazonaws.<region>.s3)."
+        )
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,11 +269,6 @@ def converges(config: DeploymentConfig) -> bool:
 def region(config: DeploymentConfig) -> str:
     """The region setting, or the stack's region token (an environment-agnostic stack)."""
     return config.region or Aws.REGION
-
-
-def image(config: DeploymentConfig) -> str:
-    """The Ray image of head and workers: the setting, or the Ray LLM DLC in the stack's region."""
-    return config.image or versions.ray_image_uri(region(config))
 
 
 def cluster_props(config: DeploymentConfig) -> EksClusterProps:
@@ -279,11 +425,6 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> ApiKeysSp
     return ApiKeysSpec(
         secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s, max_stale_s=config.api_keys_max_stale_s
     )
-
-
-def gcs_store_props(config: DeploymentConfig) -> dict[str, Any]:
-    """The GCS store's sizing (fault_tolerance.GcsStore takes the same-named keywords)."""
-    return {"node_type": config.gcs_store_node_type, "replicas": config.gcs_store_replicas}
 
 
 def ray_service_props(

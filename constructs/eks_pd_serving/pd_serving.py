@@ -48,58 +48,45 @@ class PdServing(Construct):
     def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
         super().__init__(scope, id)
         self.config = config
-        self.region = mapping.region(config)
+        self.plan = plan = mapping.plan(config, brought_vpc=vpc is not None)
+        self.region = plan.region
         self._refuse_duplicate_cluster_name()
         self._refuse_other_region()
         self.network = Network(
             self,
             "Network",
             vpc=vpc,
-            availability_zones=config.availability_zones,
-            nat_gateways=config.nat_gateways,
-            gpu_availability_zone=config.gpu_availability_zone,
+            availability_zones=plan.network.availability_zones,
+            nat_gateways=plan.network.nat_gateways,
+            gpu_availability_zone=plan.network.gpu_availability_zone,
         )
-        self.log_groups = LogGroups(self, "Logs", retention_days=config.log_retention_days)
+        self.log_groups = LogGroups(self, "Logs", retention_days=plan.log_retention_days)
         # Before the cluster: a GPU AZ or quota that cannot work fails the deploy in minutes.
         self.capacity_check = GpuCapacityCheck(
             self,
             "GpuCapacityCheck",
-            cluster_name=config.cluster_name,
+            cluster_name=plan.cluster_name,
             gpu_availability_zone=self.network.gpu_subnet.availability_zone,
-            groups=[group.need for group in config.gpu_groups],
+            groups=plan.capacity_needs,
             log_groups=self.log_groups,
         )
-        self.eks = EksCluster(
-            self,
-            "Cluster",
-            props=mapping.cluster_props(config),
-            vpc=self.network.vpc,
-            log_groups=self.log_groups,
-        )
-        warnings = config.warnings()
-        if vpc is not None and config.weights_source == "s3":
-            warnings.append(
-                "weights_source=s3 with a brought VPC: the engines read the weights from S3 over the VPC's own routes; "
-                "without an S3 gateway endpoint on its private route tables every engine start crosses its NAT. "
-                "Add one (aws ec2 create-vpc-endpoint --vpc-endpoint-type Gateway "
-                "--service-name com.amazonaws.<region>.s3)."
-            )
-        for warning in warnings:
+        self.eks = EksCluster(self, "Cluster", props=plan.cluster, vpc=self.network.vpc, log_groups=self.log_groups)
+        for warning in plan.warnings:
             Annotations.of(self.eks).add_warning_v2("eks-pd-serving:config", warning)
         self.eks.cluster.node.add_dependency(self.capacity_check)
         cluster = self.eks.cluster
         self.gpu_node_groups = [
             EfaGpuNodeGroup(
                 self,
-                group.construct_id,
-                group=group,
+                group.group.construct_id,
+                group=group.group,
                 cluster=cluster,
                 vpc=self.network.vpc,
                 subnet=self.network.gpu_subnet,
-                root_volume_gib=config.gpu_root_volume_gib,
-                capacity=config.capacity_of(group),
+                root_volume_gib=group.root_volume_gib,
+                capacity=group.capacity,
             )
-            for group in config.gpu_groups
+            for group in plan.gpu_node_groups
         ]
         self.gpu_nodes = self.gpu_node_groups[0]
         gpu_nodegroups = [group.nodegroup for group in self.gpu_node_groups]
@@ -116,25 +103,25 @@ class PdServing(Construct):
         # Autoscaling: the Cluster Autoscaler runs before the Ray cluster asks for nodes, and is
         # removed only after it (a group at zero nodes needs it for the first worker pod).
         self.cluster_autoscaler: ClusterAutoscaler | None = None
-        if config.autoscaling:
+        if plan.autoscaler_kubernetes_version:
             self.cluster_autoscaler = ClusterAutoscaler(
                 self,
                 "ClusterAutoscaler",
                 cluster=cluster,
-                kubernetes_version=config.kubernetes_version,
+                kubernetes_version=plan.autoscaler_kubernetes_version,
                 region=self.region,
             )
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
-        weights = self._stage_weights(config)
-        self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=config.api_keys_secret_arn) if config.api_keys_on else None
-        self.gcs_store = self._gcs_store(config)
-        access = self._grant_ray_pods(config)
+        weights = self._stage_weights(plan.weights)
+        self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=plan.api_keys_secret_arn) if plan.api_keys else None
+        self.gcs_store = self._gcs_store(plan.gcs_store)
+        access = self._grant_ray_pods(plan.identities)
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
             props=mapping.ray_service_props(
                 config,
-                mapping.image(config),
+                plan.image,
                 weights.uri if weights else None,
                 self.api_keys.secret_arn if self.api_keys else None,
                 GcsFaultToleranceSpec(self.gcs_store.address, self.gcs_store.auth_token.secret_arn)
@@ -152,41 +139,38 @@ class PdServing(Construct):
                 *([weights.resource] if weights else []),
                 *access,
             ],
-            converge=mapping.converges(config),
+            converge=plan.converge,
         )
-        self._observe(config)
+        self._observe(plan)
         self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
         self.log_groups.adopt_lambda_logs(self)
 
-    def _stage_weights(self, config: DeploymentConfig) -> ModelWeights | None:
+    def _stage_weights(self, plan: mapping.WeightsPlan | None) -> ModelWeights | None:
         """With ``weights_source=s3``: the bucket and the staging job the deploy waits for."""
         self.weights: ModelWeights | None = None
-        if config.weights_source != "s3":
+        if plan is None:
             return None
         self.weights = ModelWeights(
             self,
             "ModelWeights",
-            model_source=config.model_source,
-            revision=config.model_revision,
+            model_source=plan.model_source,
+            revision=plan.revision,
             log_groups=self.log_groups,
-            hf_token_secret=config.hf_token_secret,
-            removal=config.model_bucket_removal,
+            hf_token_secret=plan.hf_token_secret,
+            removal=plan.removal,
             access_logs=(
-                (
-                    s3.Bucket.from_bucket_name(self, "AccessLogsBucket", config.access_logs_bucket),
-                    mapping.access_logs_prefix(config, "s3"),
-                )
-                if config.access_logs_bucket
+                (s3.Bucket.from_bucket_name(self, "AccessLogsBucket", plan.access_logs[0]), plan.access_logs[1])
+                if plan.access_logs
                 else None
             ),
         )
         return self.weights
 
-    def _gcs_store(self, config: DeploymentConfig) -> GcsStore | None:
+    def _gcs_store(self, plan: mapping.GcsStorePlan | None) -> GcsStore | None:
         """With ``gcs_fault_tolerance``: the head's GCS store in the private subnets, admitting the
         cluster security group (the nodes', the head's among them)."""
-        if not config.gcs_fault_tolerance:
+        if plan is None:
             return None
         private = self.network.vpc.select_subnets(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         return GcsStore(
@@ -195,10 +179,11 @@ class PdServing(Construct):
             vpc=self.network.vpc,
             subnets=private.subnets,
             client_security_group_id=self.eks.cluster.cluster_security_group_id,
-            **mapping.gcs_store_props(config),
+            node_type=plan.node_type,
+            replicas=plan.replicas,
         )
 
-    def _grant_ray_pods(self, config: DeploymentConfig) -> list[Construct]:
+    def _grant_ray_pods(self, plan: mapping.PodIdentityPlan) -> list[Construct]:
         """EKS Pod Identity for the Ray pods' service accounts: the workers read the staged prefix
         and the key secret; the head the key secret and the GCS store's token. Each identity's scope
         (role, policy, association) for the RayService to wait on: its pods get credentials only if
@@ -206,7 +191,7 @@ class PdServing(Construct):
         attached; on destroy KubeRay's GCS cleanup Job still reads the token as the head."""
         self.worker_access: eks.CfnPodIdentityAssociation | None = None
         self.head_access: eks.CfnPodIdentityAssociation | None = None
-        workers, head = mapping.worker_service_account(config), mapping.head_service_account(config)
+        workers, head = plan.worker_service_account, plan.head_service_account
         scopes: list[Construct] = []
         if self.weights or self.api_keys:
             worker_scope = Construct(self, "WorkerIdentity")
@@ -214,7 +199,7 @@ class PdServing(Construct):
             role, self.worker_access = pod_identity_role(
                 worker_scope,
                 cluster=self.eks.cluster,
-                namespace=config.namespace,
+                namespace=plan.namespace,
                 service_account=workers,
                 description=_identity_description("Ray workers", bool(self.weights), bool(self.api_keys)),
             )
@@ -229,7 +214,7 @@ class PdServing(Construct):
             role, self.head_access = pod_identity_role(
                 head_scope,
                 cluster=self.eks.cluster,
-                namespace=config.namespace,
+                namespace=plan.namespace,
                 service_account=head,
                 description=_identity_description("Ray head", False, bool(self.api_keys), bool(self.gcs_store)),
             )
@@ -239,22 +224,23 @@ class PdServing(Construct):
                 self.gcs_store.grant_token_read(role)
         return scopes
 
-    def _observe(self, config: DeploymentConfig) -> None:
+    def _observe(self, plan: mapping.DeploymentPlan) -> None:
         """With ``observability``: the CloudWatch add-on, after the nodes it runs on (and before
         the Ray cluster, so the first engines' logs and metrics are collected), and the dashboard."""
         self.observability: CloudWatchObservability | None = None
         self.dashboard: ServingDashboard | None = None
-        if not config.observability:
+        settings = plan.observability
+        if settings is None:
             return
         self.observability = CloudWatchObservability(
             self,
             "Observability",
             cluster=self.eks.cluster,
-            cluster_name=config.cluster_name,
+            cluster_name=plan.cluster_name,
             region=self.region,
             serving_namespace=self.ray_service.props.namespace,
             log_groups=self.log_groups,
-            addon_version=config.cloudwatch_addon_version,
+            addon_version=settings.addon_version,
         )
         for dependency in (self.eks.system_nodes, *self.eks.node_addons):
             self.observability.addon.node.add_dependency(dependency)
@@ -265,11 +251,11 @@ class PdServing(Construct):
         self.dashboard = ServingDashboard(
             self,
             "Dashboard",
-            cluster_name=config.cluster_name,
+            cluster_name=plan.cluster_name,
             application_logs=self.observability.log_groups["application"],
             nat_gateway_ids=nat_gateway_ids,
-            alarm_email=config.alarm_email,
-            api_keys=config.api_keys_on,
+            alarm_email=settings.alarm_email,
+            api_keys=settings.api_keys,
         )
 
     def _expose(self, config: DeploymentConfig) -> None:
@@ -289,7 +275,7 @@ class PdServing(Construct):
                 namespace=namespace,
                 operator_namespace=OPERATOR_NAMESPACE,
                 client_cidrs=plan.policy_cidrs,
-                metrics_scraper_namespace=observability.ADDON_NAMESPACE if config.observability else None,
+                metrics_scraper_namespace=observability.ADDON_NAMESPACE if self.observability else None,
                 metrics_port=observability.RAY_METRICS_PORT,
             ),
             cluster=self.eks.cluster,
@@ -318,10 +304,10 @@ class PdServing(Construct):
     def _refuse_other_region(self) -> None:
         """The image, the CloudWatch agent and the pods' AWS clients use the ``region`` setting; a
         stack deployed elsewhere would point them at the other region."""
-        stack_region = Stack.of(self).region
-        if self.config.region and not Token.is_unresolved(stack_region) and stack_region != self.config.region:
+        stack_region, setting = Stack.of(self).region, self.plan.stack_region_setting
+        if setting and not Token.is_unresolved(stack_region) and stack_region != setting:
             raise ConfigError(
-                f"region={self.config.region!r} differs from the stack's own region {stack_region!r} "
+                f"region={setting!r} differs from the stack's own region {stack_region!r} "
                 f"({Stack.of(self).node.path}). Fix: set region to {stack_region!r}, or leave it unset",
                 setting="region",
             )
@@ -329,13 +315,9 @@ class PdServing(Construct):
     def _refuse_duplicate_cluster_name(self) -> None:
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""
         for other in self.node.root.node.find_all():
-            if (
-                isinstance(other, PdServing)
-                and other is not self
-                and other.config.cluster_name == self.config.cluster_name
-            ):
+            if isinstance(other, PdServing) and other is not self and other.plan.cluster_name == self.plan.cluster_name:
                 raise ConfigError(
-                    f"cluster_name={self.config.cluster_name!r} is already used by {other.node.path} in this app. "
+                    f"cluster_name={self.plan.cluster_name!r} is already used by {other.node.path} in this app. "
                     "Fix: give each deployment its own cluster_name"
                 )
 

@@ -259,3 +259,32 @@ def test_the_exposure_is_compared_in_one_place(tmp_path: Path) -> None:
         verify.read_text().replace("settings.internal_endpoint", 'settings.endpoint_exposure == "internal"')
     )
     assert exposure_comparisons(broken) == ["cli/verify.py", "config/derived.py"]
+
+
+def settings_read(source: str) -> list[str]:
+    """``config.<name>`` and ``self.config.<name>`` reads in ``source`` (passing ``config`` on to
+    the mapping is not a read)."""
+    import ast
+
+    def is_config(node: ast.expr) -> bool:
+        return (isinstance(node, ast.Name) and node.id == "config") or (
+            isinstance(node, ast.Attribute) and node.attr == "config"
+        )
+
+    return sorted(
+        node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute) and is_config(node.value)
+    )
+
+
+def test_the_composition_reads_no_setting() -> None:
+    """``PdServing`` composes and orders; every setting it needs comes from ``mapping.plan`` (or a
+    mapping function it hands ``config`` to), so there is one mapping to read and to change."""
+    assert settings_read((PACKAGE / "pd_serving.py").read_text()) == []
+
+
+def test_the_settings_read_check_sees_an_offender() -> None:
+    source = (PACKAGE / "pd_serving.py").read_text()
+    broken = source.replace("retention_days=plan.log_retention_days", "retention_days=config.log_retention_days")
+    assert broken != source
+    assert settings_read(broken) == ["log_retention_days"]
+    assert settings_read("x = self.config.cluster_name\nmapping.plan(config)\n") == ["cluster_name"]
