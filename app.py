@@ -37,12 +37,13 @@ def main() -> None:
     context = app.node.get_all_context()
     try:
         config = DeploymentConfig.from_context(context)
+        print_sizing(config)
+        env = cdk.Environment(region=config.region) if config.region else None
+        # A construct's refusal (ConstructError, a ConfigError) is one line too, never a traceback.
+        PdServingStack(app, STACK_NAME, config=config, env=env)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    print_sizing(config)
-    env = cdk.Environment(region=config.region) if config.region else None
-    PdServingStack(app, STACK_NAME, config=config, env=env)
     app.synth()
 
 

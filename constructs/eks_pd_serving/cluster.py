@@ -31,24 +31,26 @@ _ADDON_CONFIGURATION = {"vpc-cni": {"enableNetworkPolicy": "true"}}
 class EksClusterProps:
     """What the cluster construct needs, each with its default."""
 
-    #: EKS cluster name (physical). Default: ray-llm-multinode.
+    #: EKS cluster name (physical). Default: "ray-llm-multinode".
     cluster_name: str = "ray-llm-multinode"
-    #: Kubernetes version; the kubectl layer follows it. Default: 1.35.
+    #: Kubernetes version; the kubectl layer follows it. Default: versions.DEFAULT_KUBERNETES_VERSION.
     kubernetes_version: str = versions.DEFAULT_KUBERNETES_VERSION
-    #: IPv4 CIDRs allowed to the public API endpoint. Default: 0.0.0.0/0.
+    #: IPv4 CIDRs allowed to the public API endpoint. Default: ('0.0.0.0/0',).
     endpoint_allowed_cidrs: tuple[str, ...] = ("0.0.0.0/0",)
-    #: Role granted cluster admin. Default: None, a role the account may assume is created.
+    #: Role granted cluster admin. Default: None (a role the account may assume is created).
     admin_role_arn: str | None = None
-    #: System node group (KubeRay operator, Ray head). Default: 1 x m7i.xlarge, 100 GiB root.
+    #: Instance type of the system node group (KubeRay operator, Ray head). Default: "m7i.xlarge".
     system_instance_type: str = "m7i.xlarge"
+    #: Nodes in the system node group. Default: 1.
     system_node_count: int = 1
+    #: gp3 root volume of each system node, GiB. Default: 100.
     system_root_volume_gib: int = 100
 
 
 class EksCluster(Construct):
     """Cluster, managed add-ons, secrets encryption key, admin access and system nodes.
 
-    :param props: names, version, access and system nodes (``EksClusterProps``).
+    :param props: names, version, access and system nodes (``EksClusterProps``). Default: EksClusterProps().
     :param vpc: the VPC; the cluster and the kubectl provider use its private subnets.
     :param log_groups: where control-plane and Lambda logs go (created before the cluster).
     """

@@ -11,17 +11,15 @@ managed node groups' groups), ``eks:DescribeNodegroup`` only on this cluster's n
 from __future__ import annotations
 
 import copy
-from typing import Any, cast
+from typing import Any
 
 from aws_cdk import Aws
 from aws_cdk import aws_eks_v2 as eks
-from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from . import versions
 from ._private import nag
-from ._private.helm import helm_chart
-from ._private.pod_identity import pod_identity_role
+from ._private.helm import pod_identity_release
 from ._private.policies import published_policy
 from .layout import SYSTEM_NODE_LABELS
 
@@ -61,16 +59,33 @@ class ClusterAutoscaler(Construct):
     """
 
     def __init__(
-        self, scope: Construct, id: str, *, cluster: eks.Cluster, kubernetes_version: str, region: str
+        self, scope: Construct, id: str, *, cluster: eks.ICluster, kubernetes_version: str, region: str
     ) -> None:
         super().__init__(scope, id)
-        document = scoped_policy(published_policy(versions.CLUSTER_AUTOSCALER_POLICY), cluster.cluster_name)
-        self.policy = iam.CfnManagedPolicy(
+        installed = pod_identity_release(
             self,
-            "Policy",
-            description=f"Cluster Autoscaler (published policy of v1.35.2, scoped to {cluster.cluster_name})",
-            policy_document=document,
+            cluster=cluster,
+            policy_document=scoped_policy(published_policy(versions.CLUSTER_AUTOSCALER_POLICY), cluster.cluster_name),
+            policy_description=f"Cluster Autoscaler (published policy of v1.35.2, scoped to {cluster.cluster_name})",
+            role_description=f"Cluster Autoscaler in {cluster.cluster_name} (EKS Pod Identity)",
+            service_account=SERVICE_ACCOUNT,
+            pin=versions.CLUSTER_AUTOSCALER_CHART,
+            release=RELEASE,
+            namespace=NAMESPACE,
+            values={
+                "cloudProvider": "aws",
+                "awsRegion": region,
+                "autoDiscovery": {"clusterName": cluster.cluster_name},
+                "fullnameOverride": RELEASE,
+                "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
+                "image": {"tag": versions.CLUSTER_AUTOSCALER_IMAGE_TAGS[kubernetes_version]},
+                "nodeSelector": SYSTEM_NODE_LABELS,
+                "resources": {"requests": dict(RESOURCES), "limits": dict(RESOURCES)},
+            },
         )
+        self.policy, self.role, self.association, self.chart = (
+            installed.policy, installed.role, installed.association, installed.chart
+        )  # fmt: skip
         nag.acknowledge(
             self.policy,
             {
@@ -87,31 +102,3 @@ class ClusterAutoscaler(Construct):
                 ),
             },
         )
-        self.role, self.association = pod_identity_role(
-            self,
-            cluster=cluster,
-            namespace=NAMESPACE,
-            service_account=SERVICE_ACCOUNT,
-            policy_arn=self.policy.ref,
-            description=f"Cluster Autoscaler in {cluster.cluster_name} (EKS Pod Identity)",
-        )
-        self.chart = helm_chart(
-            self,
-            "Resource",
-            cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
-            pin=versions.CLUSTER_AUTOSCALER_CHART,
-            release=RELEASE,
-            namespace=NAMESPACE,
-            values={
-                "cloudProvider": "aws",
-                "awsRegion": region,
-                "autoDiscovery": {"clusterName": cluster.cluster_name},
-                "fullnameOverride": RELEASE,
-                "rbac": {"serviceAccount": {"create": True, "name": SERVICE_ACCOUNT}},
-                "image": {"tag": versions.CLUSTER_AUTOSCALER_IMAGE_TAGS[kubernetes_version]},
-                "nodeSelector": SYSTEM_NODE_LABELS,
-                "resources": {"requests": dict(RESOURCES), "limits": dict(RESOURCES)},
-            },
-        )
-        # Credentials are injected when the pod starts: the association must exist first.
-        self.chart.node.add_dependency(self.association)

@@ -33,6 +33,12 @@ _GPU_NODE_AFFINITY = {
 
 
 class GpuDevicePlugins(Construct):
+    """The NVIDIA and EFA device plugins (Helm), on the GPU nodes only: each node then advertises
+    ``nvidia.com/gpu`` and ``vpc.amazonaws.com/efa``.
+
+    :param cluster: the cluster they are installed in.
+    """
+
     def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
         self.nvidia = helm_chart(

@@ -24,13 +24,15 @@ class EfaGpuNodeGroup(Construct):
 
     :param group: the group's instance type, node count (or bounds), ids, labels and tags
         (``layout.GpuGroup``).
-    :param cluster: the EKS cluster the nodes join.
+    :param cluster: the EKS cluster the nodes join. The concrete ``eks.Cluster``, not ``ICluster``
+        (the one exception to the package's rule, as aws-eks-v2's ``[disable-awslint:ref-via-interface]``):
+        ``add_nodegroup_capacity`` is the Cluster's, and its node group ids are the deployed ones.
     :param vpc: the cluster's VPC (for the EFA security group).
     :param subnet: the one private subnet of the GPU AZ.
     :param root_volume_gib: encrypted gp3 root volume per node (images, model cache). Default: 200.
     :param capacity: how the nodes are bought (``layout.GpuCapacity``): a reservation is targeted
         by the launch template and gets no placement group of the stack's (a reservation made
-        outside it could not be used inside it). Default: on-demand.
+        outside it could not be used inside it). Default: ON_DEMAND (on-demand, no reservation).
     """
 
     def __init__(

@@ -15,6 +15,12 @@ NAMESPACE = "kuberay-system"
 
 
 class KubeRayOperator(Construct):
+    """The KubeRay operator (Helm release ``kuberay-operator``) on the system nodes; its chart
+    installs the RayCluster, RayJob and RayService CRDs.
+
+    :param cluster: the cluster it is installed in.
+    """
+
     def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster) -> None:
         super().__init__(scope, id)
         self.chart = helm_chart(

@@ -40,6 +40,7 @@ from .k8s import (
 )
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
+from .weights.model_weights import Removal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +68,7 @@ class WeightsPlan:
     model_source: str
     revision: str
     hf_token_secret: str | None
-    removal: str
+    removal: Removal
     access_logs: tuple[str, str] | None
 
 

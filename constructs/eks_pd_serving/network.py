@@ -12,7 +12,7 @@ from constructs import Construct
 
 from ._private import checkov
 from ._private.kms import rotating_key
-from .config import ConfigError
+from .config import ConstructError
 
 _DEFAULT_MAX_AZS = 2
 # The VPC this package creates when none is brought.
@@ -47,7 +47,7 @@ class Network(Construct):
         super().__init__(scope, id)
         if vpc is not None:
             self.vpc = vpc
-            self._check_brought_vpc(vpc)
+            self._check_brought_vpc(self, vpc)
         else:
             self.vpc = self._new_vpc(availability_zones, nat_gateways)
         # Without a named AZ the first private subnet is chosen, which is stable across synths.
@@ -105,12 +105,14 @@ class Network(Construct):
         return vpc
 
     @staticmethod
-    def _check_brought_vpc(vpc: ec2.IVpc) -> None:
+    def _check_brought_vpc(scope: Construct, vpc: ec2.IVpc) -> None:
         azs = {subnet.availability_zone for subnet in vpc.private_subnets}
         if len(vpc.private_subnets) < 2 or len(azs) < 2:
-            raise ConfigError(
-                f"vpc={vpc.node.path}: has {len(vpc.private_subnets)} private subnet(s) in {len(azs)} AZ(s); "
-                "EKS needs private subnets in at least two AZs. Fix: bring a VPC with private subnets in two AZs"
+            raise ConstructError(
+                scope,
+                "NetworkVpcTooFewAzs",
+                f"vpc={vpc.node.path} has {len(vpc.private_subnets)} private subnet(s) in {len(azs)} AZ(s); "
+                "EKS needs private subnets in at least two AZs. Fix: bring a VPC with private subnets in two AZs",
             )
 
     def _gpu_subnet(self, availability_zone: str | None) -> ec2.ISubnet:
@@ -118,9 +120,12 @@ class Network(Construct):
             return self.vpc.private_subnets[0]
         selected = [s for s in self.vpc.private_subnets if s.availability_zone == availability_zone]
         if not selected:
-            raise ConfigError(
+            raise ConstructError(
+                self,
+                "NetworkGpuAzWithoutSubnet",
                 f"gpu_availability_zone={availability_zone!r} has no private subnet in the VPC. "
-                "Fix: choose an AZ the VPC has a private subnet in"
+                "Fix: choose an AZ the VPC has a private subnet in",
+                setting="gpu_availability_zone",
             )
         return selected[0]
 

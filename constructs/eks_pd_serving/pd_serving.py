@@ -16,7 +16,7 @@ from ._private.pod_identity import pod_identity_role
 from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster
 from .cluster_autoscaler import ClusterAutoscaler
-from .config import ConfigError, DeploymentConfig
+from .config import ConstructError, DeploymentConfig
 from .device_plugins import GpuDevicePlugins
 from .endpoint.api_keys import ApiKeys
 from .endpoint.internal_endpoint import InternalEndpoint
@@ -74,13 +74,13 @@ class PdServing(Construct):
         for warning in plan.warnings:
             Annotations.of(self.eks).add_warning_v2("eks-pd-serving:config", warning)
         self.eks.cluster.node.add_dependency(self.capacity_check)
-        cluster = self.eks.cluster
+        cluster = self.eks.handle
         self.gpu_node_groups = [
             EfaGpuNodeGroup(
                 self,
                 group.group.construct_id,
                 group=group.group,
-                cluster=cluster,
+                cluster=self.eks.cluster,  # its documented exception: the concrete Cluster
                 vpc=self.network.vpc,
                 subnet=self.network.gpu_subnet,
                 root_volume_gib=group.root_volume_gib,
@@ -198,7 +198,7 @@ class PdServing(Construct):
             scopes.append(worker_scope)
             role, self.worker_access = pod_identity_role(
                 worker_scope,
-                cluster=self.eks.cluster,
+                cluster=self.eks.handle,
                 namespace=plan.namespace,
                 service_account=workers,
                 description=_identity_description("Ray workers", bool(self.weights), bool(self.api_keys)),
@@ -213,7 +213,7 @@ class PdServing(Construct):
             scopes.append(head_scope)
             role, self.head_access = pod_identity_role(
                 head_scope,
-                cluster=self.eks.cluster,
+                cluster=self.eks.handle,
                 namespace=plan.namespace,
                 service_account=head,
                 description=_identity_description("Ray head", False, bool(self.api_keys), bool(self.gcs_store)),
@@ -235,7 +235,7 @@ class PdServing(Construct):
         self.observability = CloudWatchObservability(
             self,
             "Observability",
-            cluster=self.eks.cluster,
+            cluster=self.eks.handle,
             cluster_name=plan.cluster_name,
             region=self.region,
             serving_namespace=self.ray_service.props.namespace,
@@ -278,7 +278,7 @@ class PdServing(Construct):
                 metrics_scraper_namespace=observability.ADDON_NAMESPACE if self.observability else None,
                 metrics_port=observability.RAY_METRICS_PORT,
             ),
-            cluster=self.eks.cluster,
+            cluster=self.eks.handle,
             ray_service=self.ray_service,
         )
         self.load_balancer_controller: AwsLoadBalancerController | None = None
@@ -286,7 +286,7 @@ class PdServing(Construct):
         if plan.service is None:
             return
         self.load_balancer_controller = AwsLoadBalancerController(
-            self, "LoadBalancerController", cluster=self.eks.cluster, vpc=vpc, region=self.region
+            self, "LoadBalancerController", cluster=self.eks.handle, vpc=vpc, region=self.region
         )
         self.load_balancer_controller.chart.node.add_dependency(self.eks.system_nodes)
         # The controller deletes the NLB on destroy, retrying ELBv2/EC2 calls for minutes: CoreDNS
@@ -296,7 +296,7 @@ class PdServing(Construct):
             self,
             "InternalEndpoint",
             props=plan.service,
-            cluster=self.eks.cluster,
+            cluster=self.eks.handle,
             controller=self.load_balancer_controller,
             ray_service=self.ray_service,
         )
@@ -306,7 +306,9 @@ class PdServing(Construct):
         stack deployed elsewhere would point them at the other region."""
         stack_region, setting = Stack.of(self).region, self.plan.stack_region_setting
         if setting and not Token.is_unresolved(stack_region) and stack_region != setting:
-            raise ConfigError(
+            raise ConstructError(
+                self,
+                "PdServingOtherRegion",
                 f"region={setting!r} differs from the stack's own region {stack_region!r} "
                 f"({Stack.of(self).node.path}). Fix: set region to {stack_region!r}, or leave it unset",
                 setting="region",
@@ -316,9 +318,12 @@ class PdServing(Construct):
         """Two deployments in one app must not share an EKS cluster name (it is physical)."""
         for other in self.node.root.node.find_all():
             if isinstance(other, PdServing) and other is not self and other.plan.cluster_name == self.plan.cluster_name:
-                raise ConfigError(
+                raise ConstructError(
+                    self,
+                    "PdServingDuplicateClusterName",
                     f"cluster_name={self.plan.cluster_name!r} is already used by {other.node.path} in this app. "
-                    "Fix: give each deployment its own cluster_name"
+                    "Fix: give each deployment its own cluster_name",
+                    setting="cluster_name",
                 )
 
 

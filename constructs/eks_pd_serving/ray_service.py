@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import cast
 
 import cdk8s
 from aws_cdk import Duration, Stack
@@ -31,8 +30,9 @@ class RayServiceManifest(Construct):
     :param props: the chart's typed props (``mapping.ray_service_props`` builds them from the settings).
     :param cluster: the cluster the manifest is applied to.
     :param depends_on: what must exist first and be deleted after (operator, plugins, nodes).
+        Default: () (nothing).
     :param converge: run the rollout Job after each change of the cluster config, and have the
-        deploy wait until it succeeds (``ray_upgrade_strategy=recreate``). Default: off.
+        deploy wait until it succeeds (``ray_upgrade_strategy=recreate``). Default: False.
     """
 
     def __init__(
@@ -41,7 +41,7 @@ class RayServiceManifest(Construct):
         id: str,
         *,
         props: RayServiceProps,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         depends_on: Sequence[Construct] = (),
         converge: bool = False,
     ) -> None:
@@ -76,7 +76,7 @@ class RayServiceManifest(Construct):
             self.rollout_wait = eks.KubernetesObjectValue(
                 self,
                 "RolloutWait",
-                cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
+                cluster=cluster,
                 object_type="job",
                 object_name=self.rollout.job_name,
                 object_namespace=props.namespace,

@@ -13,7 +13,7 @@ from aws_cdk import aws_ec2 as ec2
 from aws_cdk.assertions import Template
 from support import logical_id, new_app, ray_service, serve_args, synth_assembly
 
-from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.config import ConfigError, ConstructError, DeploymentConfig
 from eks_pd_serving.pd_serving import PdServing
 from rehearsal import profile
 from stacks.pd_serving_stack import PdServingStack
@@ -228,7 +228,9 @@ def test_two_deployments_in_one_stack_and_a_duplicate_name() -> None:
     PdServing(stack, "Small", config=DeploymentConfig.create(cluster_name="small"))
     PdServing(stack, "Large", config=DeploymentConfig.create(cluster_name="large", gpu_node_count=3))
     Template.from_stack(stack).resource_count_is("AWS::EKS::Cluster", 2)
-    with pytest.raises(ConfigError, match=r"cluster_name='small' is already used by Both/Small in this app"):
+    with pytest.raises(
+        ConstructError, match=r"^Both/Again: cluster_name='small' is already used by Both/Small in this app"
+    ):
         PdServing(stack, "Again", config=DeploymentConfig.create(cluster_name="small"))
 
 

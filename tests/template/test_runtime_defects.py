@@ -11,7 +11,7 @@ import pytest
 from aws_cdk.assertions import Match, Template
 from support import FEATURE_FLAGS, build_stack
 
-from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.config import ConstructError, DeploymentConfig
 from eks_pd_serving.k8s import RayServiceChart
 from eks_pd_serving.mapping import ray_service_props
 from eks_pd_serving.weights.model_weights import CLOUDFORMATION_WAIT, STAGING_TIMEOUT
@@ -57,8 +57,11 @@ def test_the_destroyed_bucket_policy_goes_with_its_bucket(template: Template) ->
 
 def test_a_region_setting_other_than_the_stacks_is_refused() -> None:
     app = cdk.App(context=FEATURE_FLAGS)
-    with pytest.raises(ConfigError, match=r"^region='us-east-1' differs from the stack's own region 'eu-west-1'"):
+    with pytest.raises(
+        ConstructError, match=r"^Other/\w+: region='us-east-1' differs from the stack's own region 'eu-west-1'"
+    ) as raised:
         PdServingStack(app, "Other", config=DeploymentConfig.create(region="us-east-1"), env=EXPLICIT)
+    assert raised.value.code == "PdServingOtherRegion" and raised.value.setting == "region"
 
 
 def test_a_stack_with_an_explicit_account_and_region_passes_cdk_nag(tmp_path: Path) -> None:

@@ -55,7 +55,7 @@ def pod_identity_service_role(
 def pod_identity_role(
     scope: Construct,
     *,
-    cluster: eks.Cluster,
+    cluster: eks.ICluster,
     namespace: str,
     service_account: str,
     policy_arn: str | None = None,

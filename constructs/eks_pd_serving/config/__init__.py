@@ -6,12 +6,12 @@
     phases.py    one typed view of a phase's settings
     derived.py   facts derived from the settings (functions of Settings: no import cycle)
     model.py     DeploymentConfig: the above validated once, derived facts as methods, context parsing
-    errors.py    ConfigError
+    errors.py    ConfigError (a setting), ConstructError (a construct's props, with its path)
 The GPU layout (groups, ids, labels) is ``eks_pd_serving.layout``.
 """
 
 from ..layout import GpuGroup
-from .errors import ConfigError
+from .errors import ConfigError, ConstructError
 from .model import DeploymentConfig
 
-__all__ = ["ConfigError", "DeploymentConfig", "GpuGroup"]
+__all__ = ["ConfigError", "ConstructError", "DeploymentConfig", "GpuGroup"]

@@ -31,7 +31,7 @@ class InternalEndpoint(Construct):
         id: str,
         *,
         props: EndpointServiceProps,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         controller: AwsLoadBalancerController,
         ray_service: RayServiceManifest,
     ) -> None:

@@ -7,17 +7,13 @@ controller's release publishes (``policies/``), not a retyped one.
 
 from __future__ import annotations
 
-from typing import cast
-
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
-from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from .. import versions
 from .._private import checkov, nag
-from .._private.helm import helm_chart
-from .._private.pod_identity import pod_identity_role
+from .._private.helm import pod_identity_release
 from .._private.policies import published_policy
 from ..layout import SYSTEM_NODE_LABELS
 
@@ -33,37 +29,16 @@ class AwsLoadBalancerController(Construct):
     :param region: the region (likewise).
     """
 
-    def __init__(self, scope: Construct, id: str, *, cluster: eks.Cluster, vpc: ec2.IVpc, region: str) -> None:
+    def __init__(self, scope: Construct, id: str, *, cluster: eks.ICluster, vpc: ec2.IVpc, region: str) -> None:
         super().__init__(scope, id)
         document = published_policy(versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY)
-        # The L1 resource: the document goes in exactly as published (the L2 would rewrite and
-        # merge its statements).
-        self.policy = iam.CfnManagedPolicy(
-            self,
-            "Policy",
-            description=f"AWS Load Balancer Controller v{VERSION} (published policy)",
-            policy_document=document,
-        )
-        # EKS Pod Identity: the agent add-on exchanges the service account's token for this role.
-        self.role, self.association = pod_identity_role(
+        installed = pod_identity_release(
             self,
             cluster=cluster,
-            namespace=NAMESPACE,
+            policy_document=document,
+            policy_description=f"AWS Load Balancer Controller v{VERSION} (published policy)",
+            role_description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
             service_account=SERVICE_ACCOUNT,
-            policy_arn=self.policy.ref,
-            description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
-        )
-        source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"
-        nag.acknowledge(self.policy, nag.published_policy_wildcards(document, source))
-        checkov.skip(
-            self.policy,
-            checkov.IAM_WRITE_WITHOUT_CONSTRAINTS,
-            f"{source}: its writes on load balancers, target groups and security groups are tag-conditioned",
-        )
-        self.chart = helm_chart(
-            self,
-            "Resource",
-            cluster=cast(eks.ICluster, cluster),  # see EksCluster.handle
             pin=versions.AWS_LOAD_BALANCER_CONTROLLER_CHART,
             release=RELEASE,
             namespace=NAMESPACE,
@@ -78,5 +53,13 @@ class AwsLoadBalancerController(Construct):
                 "enableServiceMutatorWebhook": False,
             },
         )
-        # Credentials are injected when the pods start: the association must exist first.
-        self.chart.node.add_dependency(self.association)
+        self.policy, self.role, self.association, self.chart = (
+            installed.policy, installed.role, installed.association, installed.chart
+        )  # fmt: skip
+        source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"
+        nag.acknowledge(self.policy, nag.published_policy_wildcards(document, source))
+        checkov.skip(
+            self.policy,
+            checkov.IAM_WRITE_WITHOUT_CONSTRAINTS,
+            f"{source}: its writes on load balancers, target groups and security groups are tag-conditioned",
+        )

@@ -27,7 +27,7 @@ class ServingNetwork(Construct):
         id: str,
         *,
         props: ServingNetworkProps,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         ray_service: RayServiceManifest,
     ) -> None:
         super().__init__(scope, id)

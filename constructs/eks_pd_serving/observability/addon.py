@@ -41,7 +41,7 @@ class CloudWatchObservability(Construct):
         scope: Construct,
         id: str,
         *,
-        cluster: eks.Cluster,
+        cluster: eks.ICluster,
         cluster_name: str,
         region: str,
         serving_namespace: str,

@@ -79,11 +79,11 @@ def promql_markdown(cluster_name: str) -> str:
 class ServingDashboard(Construct):
     """:param cluster_name: the cluster's name (every metric's ClusterName).
     :param application_logs: the add-on's container log group (where the UCX line is counted).
-    :param nat_gateway_ids: the VPC's NAT gateways, when the stack made them. Default: none (the
+    :param nat_gateway_ids: the VPC's NAT gateways, when the stack made them. Default: () (the
         NAT widget then shows every NAT gateway of the account and region, by search).
     :param alarm_email: an address the alarms notify (SNS, KMS-encrypted). Default: none.
     :param api_keys: the Serve proxies check API keys: alarm on failed reads of the key secret.
-        Default: off.
+        Default: False.
     """
 
     def __init__(

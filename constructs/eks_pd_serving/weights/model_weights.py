@@ -11,6 +11,7 @@ GPU-free node, a way to wait from CloudFormation, and the NAT.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from aws_cdk import Annotations, CustomResource, Duration, RemovalPolicy
 from aws_cdk import aws_codebuild as codebuild
@@ -47,6 +48,10 @@ def weights_prefix(model_source: str, revision: str) -> str:
     return f"{MODELS}/{model_source}/{revision}"
 
 
+# What ``cdk destroy`` does to the bucket and its key (the setting ``model_bucket_removal``).
+Removal = Literal["destroy", "retain"]
+
+
 class ModelWeights(Construct):
     """The bucket, the staging job and the custom resource that runs it.
 
@@ -71,7 +76,7 @@ class ModelWeights(Construct):
         revision: str,
         log_groups: LogGroups,
         hf_token_secret: str | None = None,
-        removal: str = "destroy",
+        removal: Removal = "destroy",
         access_logs: tuple[s3.IBucket, str] | None = None,
     ) -> None:
         super().__init__(scope, id)
