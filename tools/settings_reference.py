@@ -8,29 +8,19 @@ and description, written once in constructs/eks_pd_serving/config/settings.py.
 from __future__ import annotations
 
 import argparse
-import inspect
-import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from eks_pd_serving.config.settings import Settings
+from eks_pd_serving.config.settings import SECTIONS, Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "reference" / "settings.md"
-_SECTION = re.compile(r"^\s*# --- (.+?) -+\s*$")
-_FIELD = re.compile(r"^\s{4}([a-z][a-z0-9_]*): ")
 
 
 def sections() -> dict[str, str]:
-    """setting -> the section comment it sits under in settings.py."""
-    found, current = {}, ""
-    for line in inspect.getsource(Settings).splitlines():
-        if match := _SECTION.match(line):
-            current = match.group(1)
-        elif (match := _FIELD.match(line)) and match.group(1) in Settings.model_fields:
-            found[match.group(1)] = current
-    return found
+    """setting -> its section (``SECTIONS`` in settings.py), in the reference's order."""
+    return {name: section for section, names in SECTIONS.items() for name in names}
 
 
 def _literal(value: Any) -> str:
@@ -65,10 +55,9 @@ def render() -> str:
     for name, section in sections().items():
         by_section.setdefault(section, []).append(name)
     for section, names in by_section.items():
-        title = section[0].upper() + section[1:]
         lines += [
             "",
-            f"## {title}",
+            f"## {section}",
             "",
             "| setting | default | what it does | valid values |",
             "| --- | --- | --- | --- |",

@@ -274,7 +274,7 @@ class PdServing(Construct):
             props=ServingNetworkProps(
                 namespace=namespace,
                 operator_namespace=OPERATOR_NAMESPACE,
-                client_cidrs=plan.policy_cidrs,
+                nlb_subnet_cidrs=plan.policy_cidrs,
                 metrics_scraper_namespace=observability.ADDON_NAMESPACE if self.observability else None,
                 metrics_port=observability.RAY_METRICS_PORT,
             ),

@@ -32,7 +32,6 @@ class Settings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    # --- cluster and network -------------------------------------------------------------
     cluster_name: str = Field(
         "ray-llm-multinode",
         description="EKS cluster name.",
@@ -186,7 +185,6 @@ class Settings(BaseModel):
         json_schema_extra=_hint("as gpu_capacity", means="gpu_capacity"),
     )
 
-    # --- observability -------------------------------------------------------------------
     observability: bool = Field(
         True,
         description=(
@@ -216,7 +214,6 @@ class Settings(BaseModel):
         ),
     )
 
-    # --- autoscaling (all off by default: the counts above stay fixed) ----------------------
     autoscaling: bool = Field(
         False,
         description=(
@@ -314,7 +311,6 @@ class Settings(BaseModel):
         json_schema_extra=_hint("a whole number from 1 to 64", means="what decode_max_replicas need"),
     )
 
-    # --- serving -------------------------------------------------------------------------
     namespace: str = Field(
         "inference",
         description="Kubernetes namespace of the RayService.",
@@ -616,3 +612,42 @@ class Settings(BaseModel):
         description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing.",
         json_schema_extra=_hint("cuda or cpu"),
     )
+
+
+# The settings reference's sections, one per feature (docs/reference/settings.md is generated in
+# this order): every setting in exactly one, none above ~15 (tests/unit/test_docs.py holds both).
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Cluster and network": (
+        "cluster_name", "kubernetes_version", "region", "availability_zones", "nat_gateways",
+        "endpoint_allowed_cidrs", "admin_role_arn", "system_instance_type", "system_node_count",
+        "system_root_volume_gib", "log_retention_days",
+    ),
+    "GPU nodes and capacity": (
+        "gpu_availability_zone", "gpu_instance_type", "gpu_node_count", "gpu_root_volume_gib", "gpu_layout",
+        "prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
+        "decode_gpu_node_count", "gpu_capacity", "prefill_capacity", "decode_capacity",
+    ),
+    "Model and weights": (
+        "model_id", "model_source", "model_config_json", "model_revision", "weights_source",
+        "hf_token_secret", "model_bucket_removal", "max_model_len", "dtype", "multimodal",
+    ),
+    "Engines": (
+        "gpu_memory_utilization", "quantization", "prefill_enforce_eager", "decode_enforce_eager",
+        "prefill_max_num_seqs", "decode_max_num_seqs", "prefill_replicas", "decode_replicas",
+        "prefill_tensor_parallel_size", "decode_tensor_parallel_size",
+    ),
+    "KV transfer": ("kv_backend", "kv_buffer_device", "kv_pull_guard"),
+    "Ray cluster and updates": ("namespace", "ray_service_name", "image", "ray_upgrade_strategy"),
+    "Head fault tolerance": ("gcs_fault_tolerance", "gcs_store_node_type", "gcs_store_replicas"),
+    "Endpoint and API keys": (
+        "endpoint_exposure", "endpoint_client_cidrs", "tls_certificate_arn", "access_logs_bucket", "api_keys",
+        "api_keys_secret_arn", "api_keys_refresh_s", "api_keys_max_stale_s",
+    ),
+    "Autoscaling (all off by default: the counts above stay fixed)": (
+        "autoscaling", "prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas",
+        "decode_max_replicas", "prefill_target_ongoing_requests", "decode_target_ongoing_requests",
+        "gpu_min_node_count", "gpu_max_node_count", "prefill_gpu_min_node_count", "prefill_gpu_max_node_count",
+        "decode_gpu_min_node_count", "decode_gpu_max_node_count",
+    ),
+    "Observability": ("observability", "cloudwatch_addon_version", "alarm_email"),
+}  # fmt: skip

@@ -55,8 +55,9 @@ class ServingNetworkProps:
     #: The namespace the KubeRay operator runs in.
     operator_namespace: str
     #: IPv4 CIDRs that may call the serve port from outside the cluster: with an internal NLB, its
-    #: subnets' CIDRs (the NLB's own addresses are the sources; it admits the clients itself).
-    client_cidrs: tuple[str, ...]
+    #: subnets' CIDRs (the NLB's own addresses are the sources; it admits the clients itself, by
+    #: ``EndpointServiceProps.client_cidrs``).
+    nlb_subnet_cidrs: tuple[str, ...]
     #: The namespace whose pods may scrape the Ray pods' metrics port. Default: none may.
     metrics_scraper_namespace: str | None = None
     #: The Ray pods' metrics port (KubeRay's default).
@@ -111,7 +112,7 @@ class ServingNetworkChart(cdk8s.Chart):
         head = kplus.Pods.select(self, "RayHead", labels=RAY_HEAD_LABELS, namespaces=serving)
         serve = kplus.NetworkPolicy(self, "Serve", metadata=cdk8s.ApiObjectMetadata(name=SERVE_POLICY), selector=head)
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
-        for index, cidr in enumerate(props.client_cidrs):
+        for index, cidr in enumerate(props.nlb_subnet_cidrs):
             serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])
 
 
