@@ -10,7 +10,7 @@ import pytest
 from eks_pd_serving.config.settings import SECTIONS, Settings
 from eks_pd_serving.fault_tolerance import runbook
 from eks_pd_serving.k8s import serve_config
-from tools import settings_reference
+from tools import layout_tree, settings_reference
 
 
 def test_the_committed_settings_reference_is_what_the_model_generates() -> None:
@@ -108,6 +108,117 @@ def test_the_link_check_finds_a_broken_file_and_a_broken_heading(tmp_path: Path)
         "README.md: docs/b.md (no such file)",
         "README.md: docs/a.md#real-headin (no such heading)",
     ]
+
+
+PACKAGE = ROOT / "constructs" / "eks_pd_serving"
+_FILE = re.compile(r"[\w.\-]+(/[\w.\-]+)*/?")
+_SUFFIXES = (".py", ".md", ".json", ".yaml", ".yml", ".txt", ".sh", ".toml")
+
+
+def _ours(root: Path, package: Path) -> set[str]:
+    """The first path segments that are this project's: the repository's and the package's entries
+    (an upstream path such as ``vllm/config/kv_transfer.py`` starts elsewhere and is not checked)."""
+    return {p.name for p in (*root.iterdir(), *package.iterdir())} - {"cdk.out", "node_modules"}
+
+
+def broken_code_refs(root: Path, package: Path) -> list[str]:
+    """Backticked code paths (``k8s/ray_service.py``, ``docs/guides/``) and module names
+    (``eks_pd_serving.assembly``, ``mapping.endpoint_plan``) in the README and docs (outside code
+    blocks) that name nothing: a file that moved, a function that was renamed."""
+    ours, modules = _ours(root, package), {p.stem for p in package.iterdir() if p.suffix == ".py" or p.is_dir()}
+    broken = []
+    for page in [root / "README.md", *sorted((root / "docs").rglob("*.md"))]:
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for token in re.findall(r"`([^`\s]+)`", text):
+            token = token.rstrip(".,:;")
+            if _FILE.fullmatch(token) and ("/" in token or token.endswith(_SUFFIXES)):
+                if (token.split("/")[0] in ours and "/" in token) or (package / token).exists():
+                    places = (root / token, package / token, page.parent / token)
+                    if not any(place.exists() for place in places):
+                        broken.append(f"{page.relative_to(root)}: {token} (no such file)")
+                continue
+            if match := re.fullmatch(r"(eks_pd_serving\.)?([a-z_]\w*(?:\.\w+)*)(?:\(\))?", token):
+                parts = match.group(2).split(".")
+                named = bool(match.group(1)) or (parts[0] in modules and len(parts) > 1)
+                if named and not (parts[0] in modules and _resolves(package, parts)):
+                    broken.append(f"{page.relative_to(root)}: {token} (no such module or name)")
+    return broken
+
+
+def _resolves(package: Path, parts: list[str]) -> bool:
+    """Whether ``package.parts[0].parts[1]...`` is a module or a name defined at a module's top level
+    (read from the source: nothing is imported)."""
+    import ast
+
+    here = package
+    for index, part in enumerate(parts):
+        if (here / part).is_dir():
+            here = here / part
+            continue
+        module = here / f"{part}.py" if (here / f"{part}.py").exists() else here / "__init__.py"
+        if module == here / "__init__.py" and index == 0:
+            return False
+        if not module.exists():
+            return False
+        rest = parts[index + 1 :] if module.stem == part else parts[index:]
+        if not rest:
+            return True
+        tree = ast.parse(module.read_text())
+        names = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Assign | ast.AnnAssign):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names |= {t.id for t in targets if isinstance(t, ast.Name)}
+                names |= {t.attr for t in targets if isinstance(t, ast.Attribute)}
+            elif isinstance(node, ast.ImportFrom | ast.Import):
+                names |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
+        return rest[0] in names
+    return True
+
+
+def test_every_code_path_and_module_name_in_the_docs_exists() -> None:
+    assert broken_code_refs(ROOT, PACKAGE) == []
+
+
+def test_the_code_reference_check_sees_a_moved_file_and_a_renamed_name(tmp_path: Path) -> None:
+    package = tmp_path / "constructs" / "eks_pd_serving"
+    (package / "k8s").mkdir(parents=True)
+    (package / "k8s" / "__init__.py").write_text("")
+    (package / "k8s" / "ray_service.py").write_text("def chart():\n    pass\n")
+    (package / "mapping.py").write_text("def plan():\n    pass\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text(
+        "`k8s/ray_service.py` `k8s/gone.py` `docs/` `docs/missing.md` `vllm/v1/engine.py` "
+        "`mapping.plan` `mapping.old_plan` `eks_pd_serving.k8s.ray_service.chart` `eks_pd_serving.nope` "
+        "`config.json` `mapping.py`\n"
+    )
+    assert broken_code_refs(tmp_path, package) == [
+        "README.md: k8s/gone.py (no such file)",
+        "README.md: docs/missing.md (no such file)",
+        "README.md: mapping.old_plan (no such module or name)",
+        "README.md: eks_pd_serving.nope (no such module or name)",
+    ]
+
+
+def test_the_layout_pages_package_table_is_what_the_docstrings_say() -> None:
+    assert layout_tree.main(["--check"]) == 0
+
+
+def test_the_layout_check_sees_a_new_module_and_one_without_a_docstring(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "sub" / "__init__.py").write_text('"""A folder. More."""\n')
+    (package / "one.py").write_text('"""One module: what it holds. Details."""\n')
+    page = f"# Layout\n\n{layout_tree.BEGIN}\n{layout_tree.END}\n"
+    rendered = layout_tree.render(page, package)
+    assert "| `one.py` | One module: what it holds. |" in rendered and "| `sub/` | A folder. |" in rendered
+    (package / "two.py").write_text('"""Two."""\n')
+    assert layout_tree.render(rendered, package) != rendered  # a new module changes the table
+    (package / "three.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match=r"three\.py has no docstring"):
+        layout_tree.render(page, package)
 
 
 def test_the_readme_is_a_front_door() -> None:

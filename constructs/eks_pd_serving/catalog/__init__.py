@@ -1,4 +1,4 @@
-"""What synth knows offline: instance types (instances.py) and models (models.py, configs/)."""
+"""What synth knows offline: instance types (instances.py), models (models.py, configs/) and prices (prices.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""cdk8s charts. Nothing here knows about CloudFormation: charts take plain typed props."""
+"""cdk8s charts that take plain typed props and know nothing of CloudFormation or of the features (the pods' programs arrive as data)."""
 
 from .network import (
     EndpointServiceChart,
