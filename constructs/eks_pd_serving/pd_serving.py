@@ -7,6 +7,7 @@ from __future__ import annotations
 from aws_cdk import Annotations, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -191,17 +192,25 @@ class PdServing(Construct):
         attached; on destroy KubeRay's GCS cleanup Job still reads the token as the head."""
         self.worker_access: eks.CfnPodIdentityAssociation | None = None
         self.head_access: eks.CfnPodIdentityAssociation | None = None
-        workers, head = plan.worker_service_account, plan.head_service_account
         scopes: list[Construct] = []
-        if self.weights or self.api_keys:
-            worker_scope = Construct(self, "WorkerIdentity")
-            scopes.append(worker_scope)
-            role, self.worker_access = pod_identity_role(
-                worker_scope,
+
+        def identity(
+            scope_id: str, service_account: str, description: str
+        ) -> tuple[iam.Role, eks.CfnPodIdentityAssociation]:
+            scopes.append(scope := Construct(self, scope_id))
+            return pod_identity_role(
+                scope,
                 cluster=self.eks.handle,
                 namespace=plan.namespace,
-                service_account=workers,
-                description=_identity_description("Ray workers", bool(self.weights), bool(self.api_keys)),
+                service_account=service_account,
+                description=description,
+            )
+
+        if self.weights or self.api_keys:
+            role, self.worker_access = identity(
+                "WorkerIdentity",
+                plan.worker_service_account,
+                _identity_description("Ray workers", bool(self.weights), bool(self.api_keys)),
             )
             if self.weights:
                 self.weights.grant_read(role)
@@ -209,14 +218,10 @@ class PdServing(Construct):
             if self.api_keys:
                 self.api_keys.grant_read(role)
         if self.api_keys or self.gcs_store:
-            head_scope = Construct(self, "HeadIdentity")
-            scopes.append(head_scope)
-            role, self.head_access = pod_identity_role(
-                head_scope,
-                cluster=self.eks.handle,
-                namespace=plan.namespace,
-                service_account=head,
-                description=_identity_description("Ray head", False, bool(self.api_keys), bool(self.gcs_store)),
+            role, self.head_access = identity(
+                "HeadIdentity",
+                plan.head_service_account,
+                _identity_description("Ray head", False, bool(self.api_keys), bool(self.gcs_store)),
             )
             if self.api_keys:
                 self.api_keys.grant_read(role)

@@ -1,4 +1,5 @@
-"""cdk8s charts that take plain typed props and know nothing of CloudFormation or of the features (the pods' programs arrive as data)."""
+"""cdk8s charts that take plain typed props and know nothing of CloudFormation or of the features
+(the pods' programs arrive as data)."""
 
 from .network import (
     EndpointServiceChart,
