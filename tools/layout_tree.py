@@ -8,11 +8,12 @@ from the code.
 
 from __future__ import annotations
 
-import argparse
 import ast
 import re
 import sys
 from pathlib import Path
+
+from tools.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "constructs" / "eks_pd_serving"
@@ -54,19 +55,7 @@ def render(page: str, package: Path = PACKAGE) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed page differs")
-    args = parser.parse_args(argv)
-    page = TARGET.read_text()
-    text = render(page)
-    if args.check:
-        if text != page:
-            print(f"{TARGET.name}'s package table is out of date. Fix: python -m tools.layout_tree", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
-    return 0
+    return write_or_check(argv, __doc__, TARGET, lambda: render(TARGET.read_text()), "python -m tools.layout_tree")
 
 
 if __name__ == "__main__":

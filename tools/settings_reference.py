@@ -7,12 +7,12 @@ and description, written once in constructs/eks_pd_serving/config/settings.py.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.config.settings import SECTIONS, Settings
+from tools.generated import write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "reference" / "settings.md"
@@ -71,18 +71,7 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--check", action="store_true", help="exit 1 if the committed file differs")
-    args = parser.parse_args(argv)
-    text = render()
-    if args.check:
-        if not TARGET.exists() or TARGET.read_text() != text:
-            print(f"{TARGET.name} is out of date. Fix: python -m tools.settings_reference", file=sys.stderr)
-            return 1
-        return 0
-    TARGET.write_text(text)
-    print(f"wrote {TARGET}")
-    return 0
+    return write_or_check(argv, __doc__, TARGET, render, "python -m tools.settings_reference")
 
 
 if __name__ == "__main__":
