@@ -95,7 +95,8 @@ class GpuGroup:
     def node_labels(self) -> dict[str, str]:
         labels = dict(GPU_NODE_LABELS) if self.shared else {**GPU_NODE_LABELS, PHASE_LABEL: self.name}
         if self.autoscaled:
-            labels[ACCELERATOR_LABEL] = f"nvidia-{self.instance.gpu_name.lower()}"
+            # A label value: EC2's GPU name ("RTX PRO Server 6000") with its spaces as hyphens.
+            labels[ACCELERATOR_LABEL] = "nvidia-" + re.sub(r"[^a-z0-9.]+", "-", self.instance.gpu_name.lower())
         return labels
 
     @property

@@ -11,6 +11,7 @@ from aws_cdk.assertions import Template
 from support import P5_CLASS, build_stack, ray_service, resources_of_type
 
 from eks_pd_serving.catalog import INSTANCE_TYPES
+from eks_pd_serving.config import DeploymentConfig
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +82,41 @@ def test_ray_workers_request_every_gpu_and_efa_device_of_their_node() -> None:
         "prefill-workers": (8, 32),
         "decode-workers": (8, 16),
     }
+
+
+def test_a_type_whose_card_zero_has_no_efa_starts_its_efa_interfaces_on_card_one() -> None:
+    """p6-b300.48xlarge: DescribeInstanceTypes lists card 0 with ENA only and 16 EFA cards after it."""
+    facts = INSTANCE_TYPES["p6-b300.48xlarge"]
+    layout = [(i.network_card, i.device, i.interface_type) for i in facts.network_interfaces]
+    assert layout == [(0, 0, "interface"), *((card, 0, "efa-only") for card in range(1, 17))]
+    b200 = [(i.network_card, i.device, i.interface_type) for i in INSTANCE_TYPES["p6-b200.48xlarge"].network_interfaces]
+    assert b200[:2] == [(0, 0, "interface"), (0, 1, "efa-only")] and len(b200) == 9
+
+
+def test_the_catalogue_check_sees_a_wrong_card_zero() -> None:
+    """The row held against EC2's record: card 0 claimed to carry EFA on p6-b300 is reported."""
+    import dataclasses
+
+    from eks_pd_serving.catalog import mismatches
+
+    card = {"NetworkCardIndex": 0, "InterfaceTypes": ["interface"]}
+    info = {
+        "VCpuInfo": {"DefaultVCpus": 192}, "MemoryInfo": {"SizeInMiB": 4096 * 1024},
+        "GpuInfo": {"Gpus": [{"Count": 8, "Name": "B300", "MemoryInfo": {"SizeInMiB": 275040}}]},
+        "NetworkInfo": {"EfaInfo": {"MaximumEfaInterfaces": 16}, "MaximumNetworkCards": 17, "NetworkCards": [card]},
+    }  # fmt: skip
+    facts = INSTANCE_TYPES["p6-b300.48xlarge"]
+    assert mismatches(facts, info) == []
+    wrong = dataclasses.replace(facts, efa_on_card_zero=True)
+    assert mismatches(wrong, info) == ["EFA on network card 0 True here, False in EC2"]
+
+
+def test_the_accelerator_label_is_a_label_value() -> None:
+    """EC2's GPU name has spaces (g7e's "RTX PRO Server 6000"); a node label value may not."""
+    from eks_pd_serving.layout import ACCELERATOR_LABEL
+
+    config = DeploymentConfig.create(gpu_instance_type="g7e.8xlarge", autoscaling=True, gpu_max_node_count=4)
+    (group,) = config.gpu_groups
+    assert group.node_labels[ACCELERATOR_LABEL] == "nvidia-rtx-pro-server-6000"
+    (l4,) = DeploymentConfig.create(autoscaling=True, gpu_max_node_count=4).gpu_groups
+    assert l4.node_labels[ACCELERATOR_LABEL] == "nvidia-l4"

@@ -16,7 +16,11 @@ layout for them (EC2 user guide, "Maximize network bandwidth on Amazon EC2 insta
 multiple network cards", efa-acc-inst-types, use case "saves IPs" for p5/p5e): the primary ENA
 interface on card 0 device 0, an ``efa-only`` interface on card 0 device 1, and an ``efa-only``
 interface on device 0 of every further card; EFA-only interfaces take no IP address, so the pod
-network (the VPC CNI, on the ENA interface) is unchanged.
+network (the VPC CNI, on the ENA interface) is unchanged. Where card 0 carries no EFA device
+(p6-b300.48xlarge: DescribeInstanceTypes lists its card 0 with ``InterfaceTypes: [interface]`` and
+16 EFA cards after it), card 0 keeps the primary ENA interface alone and each EFA card, from card
+1, gets one ``efa-only`` interface. Rows of g7e, p6-b200 and p6-b300 are held equal to the
+DescribeInstanceTypes data moto 5.2 carries (recorded from EC2), card 0's EFA support included.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ class GpuFacts:
 # Memory bandwidth, GB/s, as published for these parts (no AWS API reports it): L4 300, H100 SXM
 # 3,350 and H200 SXM 4,800 from Google Cloud's GPU table (docs.cloud.google.com/compute/docs/gpus),
 # L40S 864 (Scaleway's GPU instance guide), A100 40 GB 1,550 (NVIDIA's Ampere tuning guide, 1.4.2.1),
-# A10G 600 (a third-party comparison; AWS's A10G datasheet says the same, unread here).
+# A10G 600 (a third-party comparison; AWS's A10G datasheet says the same, unread here); RTX PRO
+# Server 6000 (g7e) 1,792 (third-party spec tables of the RTX PRO 6000 Blackwell, 2025: 28 Gbps
+# GDDR7, 512-bit), B200 8,000 (Vultr's HGX B200 hardware overview, 2026) and B300 8,000 ("up to"
+# 8 TB/s, third-party HGX B300 spec tables, 2026). Memory as EC2 reports it (moto 5.2's recording).
 GPUS: Final[dict[str, GpuFacts]] = {
     "L4": GpuFacts(22888, 300.0),
     "L40S": GpuFacts(45776, 864.0),
@@ -48,6 +55,9 @@ GPUS: Final[dict[str, GpuFacts]] = {
     "A100": GpuFacts(40960, 1550.0),
     "H100": GpuFacts(81920, 3350.0),
     "H200": GpuFacts(144384, 4800.0),
+    "RTX PRO Server 6000": GpuFacts(98304, 1792.0),
+    "B200": GpuFacts(183359, 8000.0),
+    "B300": GpuFacts(275040, 8000.0),
 }
 GPU_MEMORY_BANDWIDTH_GBPS: Final = {name: gpu.memory_bandwidth_gbps for name, gpu in GPUS.items()}
 
@@ -67,6 +77,8 @@ class InstanceFacts:
     gpu_name: str = ""
     efa_interfaces: int = 0
     network_gbps: float = 0.0
+    #: Whether network card 0 carries an EFA device (p6-b300's does not: its EFA cards start at 1).
+    efa_on_card_zero: bool = True
 
     @property
     def gpu_memory_mib(self) -> int:
@@ -79,16 +91,21 @@ class InstanceFacts:
     @property
     def network_interfaces(self) -> tuple[EfaInterface, ...]:
         """The launch template's interfaces: one ``efa`` interface where the type has one EFA;
-        else the primary ENA interface and an ``efa-only`` interface per network card (at most one
-        EFA device per card)."""
-        if self.efa_interfaces <= 1:
+        else the primary ENA interface and an ``efa-only`` interface per EFA network card (at most
+        one EFA device per card), card 0's on device 1 where card 0 has one."""
+        if self.efa_interfaces <= 1 and self.efa_on_card_zero:
             return (EfaInterface(0, 0, "efa"),)
+        if not self.efa_on_card_zero:
+            cards = range(1, self.efa_interfaces + 1)
+            return (EfaInterface(0, 0, "interface"), *(EfaInterface(card, 0, "efa-only") for card in cards))
         further = tuple(EfaInterface(card, 0, "efa-only") for card in range(1, self.efa_interfaces))
         return (EfaInterface(0, 0, "interface"), EfaInterface(0, 1, "efa-only"), *further)
 
 
-def _gpu(name: str, vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float) -> InstanceFacts:
-    return InstanceFacts(vcpus, memory_gib, gpus, name, efa, gbps)
+def _gpu(
+    name: str, vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float, efa_on_card_zero: bool = True
+) -> InstanceFacts:
+    return InstanceFacts(vcpus, memory_gib, gpus, name, efa, gbps, efa_on_card_zero)
 
 
 INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
@@ -128,6 +145,14 @@ INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
     "p5.48xlarge": _gpu("H100", 192, 2048, 8, 32, 3200),
     "p5e.48xlarge": _gpu("H200", 192, 2048, 8, 32, 3200),
     "p5en.48xlarge": _gpu("H200", 192, 2048, 8, 16, 3200),
+    # NVIDIA RTX PRO Server 6000 (Blackwell, 96 GiB): one network card below 24xlarge.
+    "g7e.8xlarge": _gpu("RTX PRO Server 6000", 32, 256, 1, 1, 100),
+    "g7e.12xlarge": _gpu("RTX PRO Server 6000", 48, 512, 2, 1, 400),
+    "g7e.24xlarge": _gpu("RTX PRO Server 6000", 96, 1024, 4, 2, 800),
+    "g7e.48xlarge": _gpu("RTX PRO Server 6000", 192, 2048, 8, 4, 1600),
+    # NVIDIA B200: 8 network cards, an EFA on each; B300: 17 cards, card 0 ENA only, 16 EFA after it.
+    "p6-b200.48xlarge": _gpu("B200", 192, 2048, 8, 8, 3200),
+    "p6-b300.48xlarge": _gpu("B300", 192, 4096, 8, 16, 6400, efa_on_card_zero=False),
 }
 
 # The EFA device plugin's DaemonSet runs only on the instance types its chart lists
@@ -169,6 +194,12 @@ def mismatches(facts: InstanceFacts, info: dict[str, Any]) -> list[str]:
     }
     found = [f"{name} {ours[name]} here, {live[name]} in EC2" for name in ours if ours[name] != live[name]]
     cards = network.get("MaximumNetworkCards", 1)
-    if facts.efa_interfaces > cards:
-        found.append(f"{facts.efa_interfaces} EFA interfaces but {cards} network cards (one EFA per card)")
+    efa_cards = cards if facts.efa_on_card_zero else cards - 1
+    if facts.efa_interfaces > efa_cards:
+        found.append(f"{facts.efa_interfaces} EFA interfaces but {efa_cards} EFA network cards (one EFA per card)")
+    card_zero = next((c for c in network.get("NetworkCards") or [] if c.get("NetworkCardIndex") == 0), None)
+    if facts.efa_interfaces and card_zero is not None:
+        live_zero = bool({"efa", "efa-only"} & set(card_zero.get("InterfaceTypes") or ()))
+        if live_zero != facts.efa_on_card_zero:
+            found.append(f"EFA on network card 0 {facts.efa_on_card_zero} here, {live_zero} in EC2")
     return found
