@@ -73,6 +73,19 @@ def authorizations(service: str, operation: str, params: dict[str, Any], parsed:
     if service == "servicequotas" and "QuotaCode" in params:
         quota = f"arn:{PARTITION}:servicequotas:{REGION}:{ACCOUNT}:{params['ServiceCode']}/{params['QuotaCode']}"
         return [Call(f"servicequotas:{operation}", quota)]
+    if service == "eks" and "nodegroupName" in params:
+        nodegroup = (
+            f"arn:{PARTITION}:eks:{REGION}:{ACCOUNT}:nodegroup/{params['clusterName']}/{params['nodegroupName']}"
+        )
+        return [Call(f"eks:{operation}", f"{nodegroup}/recorded-id")]
+    if service == "scheduler" and "Name" in params:
+        schedule = f"arn:{PARTITION}:scheduler:{REGION}:{ACCOUNT}:schedule/{params.get('GroupName', 'default')}/"
+        calls = [Call(f"scheduler:{operation}", schedule + str(params["Name"]))]
+        if operation == "UpdateSchedule":  # Scheduler checks that the caller may pass the target's role
+            calls.append(Call("iam:PassRole", str(params["Target"]["RoleArn"]), why="the schedule's target role"))
+        return calls
+    if service == "sns" and "TopicArn" in params:
+        return [Call(f"sns:{operation}", str(params["TopicArn"]))]
     if service != "s3":
         return [Call(f"{service}:{operation}", "*")]
     bucket, key = params.get("Bucket", ""), params.get("Key")
@@ -121,6 +134,8 @@ def resolve(value: Any, template: dict[str, Any], names: dict[str, str]) -> Any:
         name = names.get(logical, f"{logical.lower()}-physical")
         if attribute == "Arn" and kind == "AWS::S3::Bucket":
             return f"arn:{PARTITION}:s3:::{name}"
+        if not attribute.endswith("Arn"):  # a name attribute (NodegroupName, ...)
+            return name
         return f"arn:{PARTITION}:{kind.split('::')[1].lower() if '::' in kind else 'x'}:{REGION}:{ACCOUNT}:{name}"
     if "Fn::Join" in value:
         sep, parts = value["Fn::Join"]

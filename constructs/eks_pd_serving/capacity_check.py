@@ -14,7 +14,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from ._private import checkov, nag
-from .capacity.checks import QUOTA_FAMILIES, QUOTA_SERVICE, GroupNeed, quota_family
+from .capacity.checks import QUOTA_FAMILIES, QUOTA_SERVICE, GroupNeed, ReservedGroup, block_attributes, quota_family
 from .log_groups import LogGroups
 
 CODE_DIR = Path(__file__).parent / "capacity"
@@ -30,6 +30,9 @@ class GpuCapacityCheck(Construct):
     :param gpu_availability_zone: the AZ of the GPU subnet (a token is fine).
     :param groups: each GPU node group's name, instance type and node count.
     :param log_groups: where the Lambdas log.
+    :param reservations: the groups bought from a reservation: each reservation is read and held to
+        its group as ``preflight`` does (type, AZ, tenancy, platform, state, free instances, end),
+        and a Capacity Block's end gives ``scale_down_at``/``warn_at``. Default: () (none).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class GpuCapacityCheck(Construct):
         gpu_availability_zone: str,
         groups: Sequence[GroupNeed],
         log_groups: LogGroups,
+        reservations: Sequence[ReservedGroup] = (),
     ) -> None:
         super().__init__(scope, id)
         self.function = lambda_.Function(
@@ -73,6 +77,11 @@ class GpuCapacityCheck(Construct):
         self.function.add_to_role_policy(
             iam.PolicyStatement(actions=["servicequotas:GetAWSDefaultServiceQuota"], resources=["*"])
         )
+        if reservations:
+            # DescribeCapacityReservations has no resource-level permissions.
+            self.function.add_to_role_policy(
+                iam.PolicyStatement(actions=["ec2:DescribeCapacityReservations"], resources=["*"])
+            )
         provider = cr.Provider(
             self,
             "Provider",
@@ -90,6 +99,7 @@ class GpuCapacityCheck(Construct):
                 "Groups": [
                     {"Name": g.name, "InstanceType": g.instance_type, "NodeCount": str(g.node_count)} for g in groups
                 ],
+                **({"Reservations": [_reservation_properties(r) for r in reservations]} if reservations else {}),
             },
         )
         nag.acknowledge(self.function, nag.CAPACITY_CHECK_FUNCTION)
@@ -100,3 +110,23 @@ class GpuCapacityCheck(Construct):
             assert isinstance(cfn, lambda_.CfnFunction)
             checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
         nag.acknowledge(provider, nag.provider_framework(provider, self.function))
+
+    def scale_down_at(self, group: str) -> str:
+        """The one-time schedule expression (``at(...)``, UTC) at which a Capacity Block group
+        scales to zero: its block's end less ``SCALE_DOWN_BEFORE_END``, read at deploy."""
+        return self.resource.get_att_string(block_attributes(group)[0])
+
+    def warn_at(self, group: str) -> str:
+        """The one-time schedule expression of the warning ahead of a Capacity Block's end."""
+        return self.resource.get_att_string(block_attributes(group)[1])
+
+
+def _reservation_properties(group: ReservedGroup) -> dict[str, str]:
+    return {
+        "Name": group.name,
+        "InstanceType": group.instance_type,
+        "MaxNodes": str(group.max_nodes),
+        "Kind": group.kind,
+        "Target": group.target,
+        "Setting": group.setting,
+    }

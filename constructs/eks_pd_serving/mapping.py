@@ -15,10 +15,10 @@ from aws_cdk import Aws, Token
 from aws_cdk import aws_ec2 as ec2
 
 from . import versions
-from .capacity.checks import GroupNeed
+from .capacity.checks import GroupNeed, ReservedGroup
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
-from .config import ConfigError, DeploymentConfig
+from .config import ConfigError, DeploymentConfig, derived
 from .endpoint import proxy
 from .fault_tolerance import auth, kv_guard
 from .k8s import (
@@ -109,6 +109,10 @@ class DeploymentPlan:
     log_retention_days: int
     network: NetworkPlan
     capacity_needs: tuple[GroupNeed, ...]
+    #: The groups bought from a reservation (the deploy-time check reads each).
+    reservations: tuple[ReservedGroup, ...]
+    #: (group name, block id) of each Capacity Block group: scaled to zero before its block ends.
+    capacity_blocks: tuple[tuple[str, str], ...]
     cluster: EksClusterProps
     gpu_node_groups: tuple[GpuNodeGroupPlan, ...]
     autoscaler_kubernetes_version: str | None
@@ -138,6 +142,10 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
             gpu_availability_zone=config.gpu_availability_zone,
         ),
         capacity_needs=tuple(group.need for group in config.gpu_groups),
+        reservations=tuple(derived.reserved_groups(config)),
+        capacity_blocks=tuple(
+            (group.name, group.target) for group in derived.reserved_groups(config) if group.kind == "capacity-block"
+        ),
         cluster=cluster_props(config),
         gpu_node_groups=tuple(
             GpuNodeGroupPlan(

@@ -14,6 +14,7 @@ from constructs import Construct
 from . import mapping, observability
 from ._private import nag
 from ._private.pod_identity import pod_identity_role
+from .capacity_block_end import CapacityBlockEnd, CapacityBlockGroup
 from .capacity_check import GpuCapacityCheck
 from .cluster import EksCluster
 from .cluster_autoscaler import ClusterAutoscaler
@@ -70,6 +71,7 @@ class PdServing(Construct):
             gpu_availability_zone=self.network.gpu_subnet.availability_zone,
             groups=plan.capacity_needs,
             log_groups=self.log_groups,
+            reservations=plan.reservations,
         )
         self.eks = EksCluster(self, "Cluster", props=plan.cluster, vpc=self.network.vpc, log_groups=self.log_groups)
         for warning in plan.warnings:
@@ -143,6 +145,7 @@ class PdServing(Construct):
             converge=plan.converge,
         )
         self._observe(plan)
+        self._end_capacity_blocks(plan)
         self._expose(config)
         # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
         self.log_groups.adopt_lambda_logs(self)
@@ -261,6 +264,26 @@ class PdServing(Construct):
             nat_gateway_ids=nat_gateway_ids,
             alarm_email=settings.alarm_email,
             api_keys=settings.api_keys,
+        )
+
+    def _end_capacity_blocks(self, plan: mapping.DeploymentPlan) -> None:
+        """With a Capacity Block group: its scale-down before the block ends, and the warning ahead
+        (to the alarms' topic when there is one)."""
+        self.capacity_block_end: CapacityBlockEnd | None = None
+        if not plan.capacity_blocks:
+            return
+        nodegroups = {group.group.name: group.nodegroup for group in self.gpu_node_groups}
+        self.capacity_block_end = CapacityBlockEnd(
+            self,
+            "CapacityBlockEnd",
+            cluster_name=plan.cluster_name,
+            groups=[
+                CapacityBlockGroup(name=name, reservation_id=block, nodegroup_name=nodegroups[name].nodegroup_name)
+                for name, block in plan.capacity_blocks
+            ],
+            capacity_check=self.capacity_check,
+            log_groups=self.log_groups,
+            topic=self.dashboard.topic if self.dashboard else None,
         )
 
     def _expose(self, config: DeploymentConfig) -> None:

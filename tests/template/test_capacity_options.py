@@ -85,7 +85,8 @@ def test_spot_prefill_beside_an_on_demand_decode() -> None:
 
 
 def test_a_capacity_block_template_passes_cfn_lint_and_cdk_nag(tmp_path: Path) -> None:
-    path = synth_assembly(tmp_path, gpu_capacity=f"capacity-block:{CR}", **AZ)  # nag raises on a finding
+    # With alarm_email: the block's warning publishes to the KMS-encrypted alarm topic.
+    path = synth_assembly(tmp_path, gpu_capacity=f"capacity-block:{CR}", alarm_email="ops@example.com", **AZ)
     assert [f for f in cfn_lint(path) if f["Level"] == "Error"] == []
 
 
@@ -121,25 +122,44 @@ def reservation(**overrides: Any) -> dict[str, Any]:
     return {k: v for k, v in {**found, **overrides}.items() if v is not None}
 
 
-def ec2_client(found: dict[str, Any] | None) -> tuple[Any, Stubber]:
-    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
-    stub = Stubber(client)
+OWN_NODES = {
+    "Filters": [
+        {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        {"Name": "tag:eks:cluster-name", "Values": ["ray-llm-multinode"]},
+    ]
+}
+
+
+def add_reservation(stub: Stubber, found: dict[str, Any] | None, own_nodes: int = 0) -> None:
+    """DescribeCapacityReservations' answer, then (when found) this cluster's nodes in it."""
     params = {"CapacityReservationIds": [CR]}
     if found is None:
         stub.add_client_error("describe_capacity_reservations", "InvalidCapacityReservationId.NotFound",
                               expected_params=params)  # fmt: skip
-    else:
-        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [found]}, params)
+        return
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [found]}, params)
+    nodes = [{"InstanceId": f"i-{n:017x}", "CapacityReservationId": CR} for n in range(own_nodes)]
+    stub.add_response("describe_instances", {"Reservations": [{"Instances": nodes}]}, OWN_NODES)
+
+
+def ec2_client(found: dict[str, Any] | None, own_nodes: int = 0) -> tuple[Any, Stubber]:
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    add_reservation(stub, found, own_nodes)
     stub.activate()
     return client, stub
 
 
-def check(found: dict[str, Any] | None, **settings: Any) -> tuple[str, bool, str]:
-    client, stub = ec2_client(found)
+def rows(found: dict[str, Any] | None, own_nodes: int = 0, **settings: Any) -> list[tuple[str, bool, str]]:
+    client, stub = ec2_client(found, own_nodes)
     config = DeploymentConfig.create(**{"gpu_capacity": f"capacity-block:{CR}", **AZ, **settings})
-    (row,) = preflight.check_reservations(client, config, "us-east-1a", now=NOW)
+    found_rows = preflight.check_reservations(client, config, "us-east-1a", now=NOW)
     stub.assert_no_pending_responses()
-    return row
+    return found_rows
+
+
+def check(found: dict[str, Any] | None, **settings: Any) -> tuple[str, bool, str]:
+    return rows(found, **settings)[0]
 
 
 def test_preflight_passes_a_reservation_that_fits() -> None:
@@ -168,10 +188,72 @@ def test_preflight_refuses_each_mismatch_with_its_line(found: dict[str, Any] | N
 
 def test_two_groups_on_one_reservation_need_their_sum() -> None:
     client, stub = ec2_client(one := reservation(AvailableInstanceCount=1))
-    stub.add_response(
-        "describe_capacity_reservations", {"CapacityReservations": [one]}, {"CapacityReservationIds": [CR]}
-    )
+    add_reservation(stub, one)
     config = DeploymentConfig.create(gpu_layout="per_phase", gpu_capacity=f"odcr:{CR}", **AZ)
     rows = preflight.check_reservations(client, config, "us-east-1a", now=NOW)
     assert [r[1] for r in rows] == [False, False] and all("the groups on it need 2" in r[2] for r in rows)
     assert json.dumps(rows).count(CR) == 2
+
+
+def test_an_update_counts_the_clusters_own_nodes_in_the_reservation_as_free() -> None:
+    """A block whose two instances the running group already holds: AvailableInstanceCount 0, but
+    the deploy-time check of an update (and preflight before it) must not refuse the nodes it runs."""
+    _, passed, detail = rows(reservation(AvailableInstanceCount=0), own_nodes=2)[0]
+    assert passed, detail
+    _, refused, _ = rows(reservation(AvailableInstanceCount=0), own_nodes=1)[0]
+    assert refused is False
+
+
+def test_preflight_says_when_a_blocks_group_scales_to_zero_and_is_warned() -> None:
+    """A block ending in two days: scaled to zero an hour before its end (EC2 starts terminating
+    30 minutes before it), warned a day before."""
+    end = NOW + datetime.timedelta(days=2)
+    (_, (name, passed, detail)) = rows(reservation(EndDate=end))
+    assert (name, passed) == ("Capacity Block end (gpu)", True)
+    scale_down = (end - datetime.timedelta(hours=1)).isoformat()
+    warn = (end - datetime.timedelta(days=1)).isoformat()
+    assert detail == f"ends {end.isoformat()}: the group scales to zero at {scale_down}, the warning goes out at {warn}"
+
+
+# --- a Capacity Block's end ---------------------------------------------------------------------
+def schedules(template: dict[str, Any]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(group, action) -> the schedule's properties, its target input parsed with tokens as names."""
+    found = {}
+    for props in (r["Properties"] for r in resources_of_type(template, "AWS::Scheduler::Schedule").values()):
+        parts = props["Target"]["Input"]["Fn::Join"][1]
+        text = "".join(p if isinstance(p, str) else json.dumps(p).replace('"', "'") for p in parts)
+        event = json.loads(text)
+        found[(event["group"], event["action"])] = {**props, "event": event}
+    return found
+
+
+def test_a_capacity_block_group_is_scaled_to_zero_and_warned_at_times_read_from_the_block() -> None:
+    template = synthesized(gpu_capacity=f"capacity-block:{CR}", **AZ)
+    (check,) = [k for k, r in template["Resources"].items() if r["Type"] == "Custom::GpuCapacityCheck"]
+    found = schedules(template)
+    assert set(found) == {("gpu", "scale-down"), ("gpu", "warn")}
+    for (_, action), props in found.items():
+        attribute = {"scale-down": "ScaleDownAtGpu", "warn": "WarnAtGpu"}[action]
+        assert props["ScheduleExpression"] == {"Fn::GetAtt": [check, attribute]}
+        assert props["ScheduleExpressionTimezone"] == "UTC" and props["FlexibleTimeWindow"] == {"Mode": "OFF"}
+        assert props["event"]["reservation"] == CR and "NodegroupName" in props["event"]["nodegroup"]
+        assert props["Name"].startswith("ray-llm-multinode-") and len(props["Name"]) <= 64
+    (reservations,) = [r["Properties"]["Reservations"] for r in template["Resources"].values()
+                       if r["Type"] == "Custom::GpuCapacityCheck"]  # fmt: skip
+    assert reservations == [{"Name": "gpu", "InstanceType": "g6.8xlarge", "MaxNodes": "2", "Kind": "capacity-block",
+                             "Target": CR, "Setting": "gpu_capacity"}]  # fmt: skip
+
+
+def test_only_the_block_group_gets_schedules_and_an_odcr_none() -> None:
+    per_phase = synthesized(gpu_layout="per_phase", decode_capacity=f"capacity-block:{CR}", **AZ)
+    assert set(schedules(per_phase)) == {("decode", "scale-down"), ("decode", "warn")}
+    assert schedules(synthesized(gpu_capacity=f"odcr:{CR}", **AZ)) == {}
+    assert schedules(synthesized()) == {}
+
+
+def test_the_schedule_names_fit_and_never_collide() -> None:
+    from eks_pd_serving.capacity_block_end import schedule_name
+
+    long_a, long_b = "a" * 90 + "-one", "a" * 90 + "-two"
+    names = {schedule_name(n, "decode", a) for n in (long_a, long_b) for a in ("warn", "scale-down")}
+    assert len(names) == 4 and all(len(n) <= 64 for n in names)

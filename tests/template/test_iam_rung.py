@@ -18,7 +18,7 @@ import boto3
 import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
-from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record
+from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record, resolve
 from support import FIXTURES, ROOT, capacity_properties, moto_aws, moto_s3, stubbed_quotas, synth_assembly
 
 from eks_pd_serving.capacity import handler as capacity_handler
@@ -341,3 +341,88 @@ def test_the_capacity_checks_role_allows_every_call_of_its_create(
     (role,) = [k for k in synthesized["Resources"] if k.startswith("PdServingGpuCapacityCheckFunctionServiceRole")
                and synthesized["Resources"][k]["Type"] == "AWS::IAM::Role"]  # fmt: skip
     assert denied(principal_policies(synthesized, role, {}), recorder.calls) == []
+
+
+# --- a Capacity Block's end --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def blocked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A Capacity Block deployment with the alarm topic (the function publishes to it)."""
+    path = synth_assembly(
+        tmp_path_factory.mktemp("block"), nag=False, gpu_capacity="capacity-block:cr-0123456789abcdef0",
+        availability_zones="us-east-1a,us-east-1b", gpu_availability_zone="us-east-1a", alarm_email="ops@example.com",
+    )  # fmt: skip
+    return dict(json.loads(path.read_text()))
+
+
+def _block_end_calls(t: dict[str, Any], extended: bool) -> tuple[list[Call], str, dict[str, str]]:
+    """The scheduled scale-down's calls (or, ``extended``, its move of the schedule), recorded on
+    stubbed clients with the template's own names; and the function's role."""
+    import datetime
+
+    from botocore.stub import ANY, Stubber
+
+    from eks_pd_serving.capacity import block_end
+
+    resources = t["Resources"]
+    (schedule,) = [
+        r["Properties"] for r in resources.values()
+        if r["Type"] == "AWS::Scheduler::Schedule" and "scale-down" in json.dumps(r["Properties"])
+    ]  # fmt: skip
+    topic = next(k for k, r in resources.items() if r["Type"] == "AWS::SNS::Topic")
+    cluster = next(k for k, r in resources.items() if r["Type"] == "AWS::EKS::Cluster")
+    nodegroup = next(k for k, r in resources.items() if r["Type"] == "AWS::EKS::Nodegroup"
+                     and r["Properties"].get("CapacityType") == "CAPACITY_BLOCK")  # fmt: skip
+    names = {
+        topic: "arn:aws:sns:us-east-1:111122223333:alarms",
+        cluster: "ray-llm-multinode",
+        nodegroup: "GpuNodeGroup-a",
+    }
+    event = json.loads(resolve(schedule["Target"]["Input"], t, names))
+    role_arn = resolve(schedule["Target"]["RoleArn"], t, names)
+    end = datetime.datetime(2026, 12, 6, 11, 30, tzinfo=datetime.UTC)
+    recorder = Recorder()
+    made = {n: boto3.client(n, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+            for n in ("ec2", "eks", "sns", "scheduler")}  # fmt: skip
+    stubs = {n: Stubber(record(c, recorder)) for n, c in made.items()}
+    block = {"CapacityReservationId": event["reservation"], "InstanceType": "g6.8xlarge",
+             "EndDate": end + datetime.timedelta(days=7 if extended else 0)}  # fmt: skip
+    stubs["ec2"].add_response("describe_capacity_reservations", {"CapacityReservations": [block]})
+    if extended:
+        target = {"Arn": "arn:aws:lambda:us-east-1:111122223333:function:f", "RoleArn": role_arn}
+        current = {"Name": event["schedule"], "FlexibleTimeWindow": {"Mode": "OFF"}, "Target": target}
+        stubs["scheduler"].add_response("get_schedule", current)
+        stubs["scheduler"].add_response("update_schedule", {"ScheduleArn": "arn:x"})
+    else:
+        scaling = {"nodegroup": {"scalingConfig": {"minSize": 2, "maxSize": 2, "desiredSize": 2}}}
+        stubs["eks"].add_response("describe_nodegroup", scaling)
+        stubs["eks"].add_response("update_nodegroup_config", {})
+        stubs["sns"].add_response("publish", {"MessageId": "m"}, {"TopicArn": ANY, "Subject": ANY, "Message": ANY})
+    for stub in stubs.values():
+        stub.activate()
+    block_end.on_schedule(event, clients=made, now=end - datetime.timedelta(hours=1))
+    (function,) = [r["Properties"] for r in resources.values() if r["Type"] == "AWS::Lambda::Function"
+                   and r["Properties"].get("Handler") == "block_end.on_schedule"]  # fmt: skip
+    return recorder.calls, str(function["Role"]["Fn::GetAtt"][0]), names
+
+
+@pytest.mark.parametrize("extended", [False, True], ids=["scale-down", "moved-by-an-extension"])
+def test_the_block_end_functions_role_allows_every_call(blocked: dict[str, Any], extended: bool) -> None:
+    calls, role, names = _block_end_calls(blocked, extended)
+    actions = {c.action for c in calls}
+    expected = (
+        {"scheduler:UpdateSchedule", "iam:PassRole"} if extended else {"eks:UpdateNodegroupConfig", "sns:Publish"}
+    )
+    assert expected <= actions
+    assert denied(principal_policies(blocked, role, names), calls) == []
+
+
+def test_the_rung_fails_on_the_block_end_role_without_the_node_group_grant(blocked: dict[str, Any]) -> None:
+    calls, role, names = _block_end_calls(blocked, extended=False)
+    broken = copy.deepcopy(blocked)
+    for resource in broken["Resources"].values():
+        if resource["Type"] == "AWS::IAM::Policy" and {"Ref": role} in resource["Properties"]["Roles"]:
+            statements = resource["Properties"]["PolicyDocument"]["Statement"]
+            statements[:] = [s for s in statements if "eks:UpdateNodegroupConfig" not in json.dumps(s)]
+    assert [str(c).split(" on ")[0] for c in denied(principal_policies(broken, role, names), calls)] == [
+        "eks:DescribeNodegroup", "eks:UpdateNodegroupConfig"
+    ]  # fmt: skip

@@ -107,12 +107,68 @@ CAPACITY_CHECK_FUNCTION = {
         "the documented minimum for that."
     ),
     f"{PACK}-IAM5[Resource::*]": (
-        "ec2:DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeInstances and "
-        "servicequotas:GetAWSDefaultServiceQuota support no resource-level permissions (Service "
+        "ec2:DescribeInstanceTypes, DescribeInstanceTypeOfferings, DescribeInstances, (with a reserved "
+        "group) DescribeCapacityReservations and servicequotas:GetAWSDefaultServiceQuota support no "
+        "resource-level permissions (Service "
         "Authorization Reference); all are read-only. GetServiceQuota is scoped to the G/VT and P "
         "quotas the node groups use."
     ),
 }
+
+
+def capacity_block_end(
+    function: IConstruct, invoker: IConstruct, nodegroup_arns: list[str], encrypted_topic: bool
+) -> dict[IConstruct, dict[str, str]]:
+    """The Capacity Block end function's and its scheduler role's acknowledgments; ``nodegroup_arns``:
+    the node groups' ARN patterns as cdk-nag names them (``token_names``)."""
+    function_id = logical_id(function.node.default_child)
+    found: dict[str, str] = {
+        _LAMBDA_LOGS: (
+            "The Capacity Block end Lambda writes only its own CloudWatch logs; this AWS managed policy is the "
+            "documented minimum for that."
+        ),
+        f"{PACK}-IAM5[Resource::*]": (
+            "ec2:DescribeCapacityReservations supports no resource-level permissions (Service Authorization "
+            "Reference); it is read-only."
+        ),
+    }
+    for arn in nodegroup_arns:
+        found[f"{PACK}-IAM5[Resource::{arn}]"] = (
+            "eks:DescribeNodegroup and UpdateNodegroupConfig on one Capacity Block node group of this cluster; "
+            "the ARN's last part is an id EKS chooses at creation."
+        )
+    if encrypted_topic:
+        found[f"{PACK}-IAM5[Action::kms:GenerateDataKey*]"] = (
+            "Publishing to the alarms' KMS-encrypted SNS topic needs a data key of its key (aws-cdk-lib's grant "
+            "on that one key)."
+        )
+    return {
+        function: found,
+        invoker: {
+            f"{PACK}-IAM5[Resource::<{function_id}.Arn>:*]": (
+                "aws-cdk-lib's invoke grant covers the versions of this one function (<function arn>:*)."
+            )
+        },
+    }
+
+
+def token_names(scope: IConstruct, value: str) -> str:
+    """``value`` as cdk-nag names it in a finding: each Ref as ``<LogicalId>``, each GetAtt as
+    ``<LogicalId.Attribute>``, the pseudo parameters as ``<AWS::Name>``."""
+    resolved = Stack.of(scope).resolve(value)
+
+    def name(part: Any) -> str:
+        if isinstance(part, str):
+            return part
+        if "Ref" in part:
+            return f"<{part['Ref']}>"
+        if "Fn::GetAtt" in part:
+            return f"<{'.'.join(part['Fn::GetAtt'])}>"
+        if "Fn::Join" in part:
+            return "".join(name(p) for p in part["Fn::Join"][1])
+        raise ValueError(f"cannot name {part!r} as cdk-nag does")
+
+    return name(resolved)
 
 
 def provider_framework(provider: IConstruct, handler: IConstruct) -> dict[str, str]:

@@ -6,6 +6,7 @@ Lambda, where it is imported as a top-level module.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -175,3 +176,150 @@ def _quota_check(
 def failures(checks: Iterable[Check]) -> str:
     """The failed checks as one line ('' when all passed)."""
     return "; ".join(f"{check.name}: {check.detail}" for check in checks if not check.passed)
+
+
+# --- reservations: On-Demand Capacity Reservations and Capacity Blocks ---------------------------
+# A reservation must outlast the deploy and the first hours of serving.
+RESERVATION_MARGIN = datetime.timedelta(hours=2)
+# EC2 begins terminating a Capacity Block's instances 30 minutes before its end (its expiration
+# warning, 40 minutes before, says "in 10 minutes": EC2 user guide, "Monitor Capacity Blocks using
+# EventBridge"). The group is scaled to zero 30 minutes before that: EKS drains each node on
+# scale-in (the Serve replicas stop, requests in flight end), which the managed node group's
+# update and the drain must finish before EC2 starts terminating.
+EC2_TERMINATES_BEFORE_END = datetime.timedelta(minutes=30)
+SCALE_DOWN_BEFORE_END = datetime.timedelta(minutes=60)
+# A day's notice: time to buy an extension (PurchaseCapacityBlockExtension) or move the phase.
+WARN_BEFORE_END = datetime.timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class ReservedGroup:
+    """A GPU node group bought from a reservation: its name, instance type, most nodes, the
+    reservation (``kind``: odcr, odcr-group or capacity-block; ``target``: its id or group ARN) and
+    the setting that chose it (for the fix)."""
+
+    name: str
+    instance_type: str
+    max_nodes: int
+    kind: str
+    target: str
+    setting: str
+
+    @property
+    def reservation_id(self) -> str | None:
+        return self.target if self.kind in ("odcr", "capacity-block") else None
+
+
+def block_times(end: datetime.datetime, now: datetime.datetime) -> tuple[datetime.datetime, datetime.datetime]:
+    """(when the group scales to zero, when the warning goes out) for a block ending at ``end``:
+    ``SCALE_DOWN_BEFORE_END`` and ``WARN_BEFORE_END`` before it; a warning already due goes out
+    five minutes from ``now``, never after the scale-down."""
+    scale_down = end - SCALE_DOWN_BEFORE_END
+    warn = max(end - WARN_BEFORE_END, now + datetime.timedelta(minutes=5))
+    return scale_down, min(warn, scale_down)
+
+
+def block_attributes(group: str) -> tuple[str, str]:
+    """The deploy-time check's attributes holding a Capacity Block group's two schedule expressions."""
+    title = group[:1].upper() + group[1:]
+    return f"ScaleDownAt{title}", f"WarnAt{title}"
+
+
+def schedule_expression(at: datetime.datetime) -> str:
+    """EventBridge Scheduler's one-time expression, in UTC (the schedules say so)."""
+    return f"at({at.astimezone(datetime.UTC).strftime('%Y-%m-%dT%H:%M:%S')})"
+
+
+def check_reservations(
+    ec2: Any,
+    groups: Sequence[ReservedGroup],
+    gpu_az: str,
+    *,
+    cluster_name: str | None = None,
+    now: datetime.datetime | None = None,
+) -> tuple[list[Check], dict[str, datetime.datetime]]:
+    """Each reserved group's reservation (DescribeCapacityReservations) against the group: its
+    instance type, the GPU AZ, default tenancy, Linux/UNIX, state, free instances for the group's
+    most nodes (summed where groups share one; the instances ``cluster_name``'s own nodes already
+    hold in it count as free, so an update does not refuse the nodes it runs on), and its end (a
+    Capacity Block's, or a dated ODCR's) at least ``RESERVATION_MARGIN`` away. One check per group,
+    each failure with its fix; and each Capacity Block group's end."""
+    from botocore.exceptions import ClientError
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    wanted: dict[str, int] = {}
+    for group in groups:
+        if group.reservation_id:
+            wanted[group.reservation_id] = wanted.get(group.reservation_id, 0) + group.max_nodes
+    checks: list[Check] = []
+    ends: dict[str, datetime.datetime] = {}
+    for group in groups:
+        name = f"Capacity ({group.name})"
+        rid = group.reservation_id
+        if rid is None:
+            checks.append(Check(name, True, f"{group.target}: a reservation group; its reservations are not read here"))
+            continue
+        try:
+            (found,) = ec2.describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"]
+        except ClientError as error:
+            code = error.response["Error"]["Code"]
+            checks.append(Check(name, False, f"{rid}: {code}. Fix: name a reservation of this account and region"))
+            continue
+        own = _own_instances(ec2, cluster_name, rid) if cluster_name else 0
+        problems = _reservation_problems(found, group, gpu_az, wanted[rid], own, now)
+        end = found.get("EndDate")
+        if problems:
+            detail = (
+                f"{rid}: {'; '.join(problems)}. Fix: choose a reservation that matches, or {group.setting}=on-demand"
+            )
+            checks.append(Check(name, False, detail))
+            continue
+        if group.kind == "capacity-block" and end is not None:
+            ends[group.name] = end
+        until = f", until {end.isoformat()}" if end is not None else ""
+        available = int(found.get("AvailableInstanceCount", 0))
+        checks.append(Check(name, True, f"{rid}: {found['InstanceType']} in {gpu_az}, {available} free{until}"))
+    return checks, ends
+
+
+def _own_instances(ec2: Any, cluster_name: str, reservation_id: str) -> int:
+    """Pending or running nodes of ``cluster_name`` in the reservation."""
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+            {"Name": f"tag:{CLUSTER_TAG}", "Values": [cluster_name]},
+        ]
+    )
+    return sum(
+        1
+        for page in pages
+        for reservation in page["Reservations"]
+        for instance in reservation["Instances"]
+        if instance.get("CapacityReservationId") == reservation_id
+    )
+
+
+def _reservation_problems(
+    found: dict[str, Any], group: ReservedGroup, gpu_az: str, wanted: int, own: int, now: datetime.datetime
+) -> list[str]:
+    problems = []
+    if found["InstanceType"] != group.instance_type:
+        problems.append(f"it reserves {found['InstanceType']}, the group runs {group.instance_type}")
+    if found["AvailabilityZone"] != gpu_az:
+        problems.append(f"it is in {found['AvailabilityZone']}, the GPU AZ is {gpu_az} (set gpu_availability_zone)")
+    if found.get("Tenancy", "default") != "default":
+        problems.append(f"its tenancy is {found['Tenancy']}, the nodes launch with default tenancy")
+    if found.get("InstancePlatform", "Linux/UNIX") != "Linux/UNIX":
+        problems.append(f"its platform is {found['InstancePlatform']}, the nodes run Linux/UNIX")
+    state = found.get("State")
+    if state == "scheduled":
+        problems.append(f"it starts at {found.get('StartDate')}: deploy after that")
+    elif state != "active":
+        problems.append(f"its state is {state}")
+    available = int(found.get("AvailableInstanceCount", 0)) + own
+    if available < wanted:
+        problems.append(f"{available} instance(s) free, the groups on it need {wanted}")
+    end = found.get("EndDate")
+    if end is not None and end - now < RESERVATION_MARGIN:
+        problems.append(f"it ends at {end.isoformat()}, within {RESERVATION_MARGIN} (nodes are terminated then)")
+    return problems

@@ -4,12 +4,31 @@ could not launch. Its message is the one line the framework shows in the stack e
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 if __package__:  # imported from the package (tests)
-    from .checks import GroupNeed, check_capacity, failures
+    from .checks import (
+        GroupNeed,
+        ReservedGroup,
+        block_attributes,
+        block_times,
+        check_capacity,
+        check_reservations,
+        failures,
+        schedule_expression,
+    )
 else:  # in Lambda this folder is the code root
-    from checks import GroupNeed, check_capacity, failures  # type: ignore[no-redef]
+    from checks import (  # type: ignore[no-redef]
+        GroupNeed,
+        ReservedGroup,
+        block_attributes,
+        block_times,
+        check_capacity,
+        check_reservations,
+        failures,
+        schedule_expression,
+    )
 
 
 class CapacityCheckFailed(RuntimeError):
@@ -24,18 +43,42 @@ def groups_from(properties: dict[str, Any]) -> list[GroupNeed]:
     ]
 
 
-def run_checks(properties: dict[str, Any], ec2: Any, quotas: Any) -> dict[str, Any]:
-    checks = check_capacity(
-        ec2,
-        quotas,
-        groups_from(properties),
-        str(properties["GpuAvailabilityZone"]),
-        cluster_name=str(properties["ClusterName"]),
+def reservations_from(properties: dict[str, Any]) -> list[ReservedGroup]:
+    return [
+        ReservedGroup(
+            name=str(r["Name"]),
+            instance_type=str(r["InstanceType"]),
+            max_nodes=int(r["MaxNodes"]),
+            kind=str(r["Kind"]),
+            target=str(r["Target"]),
+            setting=str(r["Setting"]),
+        )
+        for r in properties.get("Reservations", [])
+    ]
+
+
+def run_checks(
+    properties: dict[str, Any], ec2: Any, quotas: Any, now: datetime.datetime | None = None
+) -> dict[str, Any]:
+    """The capacity checks, then each reservation's (as preflight runs them). Returns the checks'
+    summary and, for each Capacity Block group, when it scales to zero and when it is warned (the
+    schedules' expressions, ``block_attributes``)."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    gpu_az, cluster = str(properties["GpuAvailabilityZone"]), str(properties["ClusterName"])
+    checks = check_capacity(ec2, quotas, groups_from(properties), gpu_az, cluster_name=cluster)
+    reservation_checks, ends = check_reservations(
+        ec2, reservations_from(properties), gpu_az, cluster_name=cluster, now=now
     )
+    checks += reservation_checks
     problem = failures(checks)
     if problem:
         raise CapacityCheckFailed(f"GPU capacity check failed: {problem}")
-    return {"Checks": "; ".join(f"{c.name}: {c.detail}" for c in checks)[:1000]}
+    data: dict[str, Any] = {"Checks": "; ".join(f"{c.name}: {c.detail}" for c in checks)[:1000]}
+    for group, end in sorted(ends.items()):
+        scale_down, warn = block_times(end, now)
+        scale_attribute, warn_attribute = block_attributes(group)
+        data[scale_attribute], data[warn_attribute] = schedule_expression(scale_down), schedule_expression(warn)
+    return data
 
 
 def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:

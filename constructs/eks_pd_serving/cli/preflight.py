@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..capacity.checks import check_capacity, offered_azs
+from ..capacity.checks import block_times, check_capacity, offered_azs
+from ..capacity.checks import check_reservations as reservation_checks
 from ..catalog import INSTANCE_TYPES, mismatches
 from ..config import DeploymentConfig, derived
 from ..lifecycle.needs import named_log_groups
@@ -167,77 +168,27 @@ def check_log_groups(logs: Any, config: DeploymentConfig) -> tuple[str, bool, st
     return "Log groups", True, "none of the stack's named log groups exists yet"
 
 
-# A Capacity Block or a dated reservation must outlast the deploy and the first hours of serving.
-RESERVATION_MARGIN = datetime.timedelta(hours=2)
-
-
 def check_reservations(
     ec2: Any, config: DeploymentConfig, gpu_az: str, now: datetime.datetime | None = None
 ) -> list[tuple[str, bool, str]]:
-    """Each reserved GPU group's reservation (DescribeCapacityReservations) against the group: its
-    instance type, the GPU AZ, default tenancy, Linux/UNIX, state, free instances for the group's
-    most nodes (summed where groups share one), and its end (a Capacity Block's, or a dated ODCR's)
-    at least ``RESERVATION_MARGIN`` away. One row per group, each failure with its fix."""
-    from botocore.exceptions import ClientError
-
+    """Each reserved GPU group's reservation against the group (``capacity.checks.check_reservations``,
+    which the deploy-time check runs too), and each Capacity Block's end: when the group scales to
+    zero and when the warning goes out."""
     now = now or datetime.datetime.now(datetime.UTC)
-    groups = [(g, config.capacity_of(g)) for g in config.gpu_groups]
-    wanted: dict[str, int] = {}
-    for group, capacity in groups:
-        if capacity.reservation_id:
-            wanted[capacity.reservation_id] = wanted.get(capacity.reservation_id, 0) + group.max_node_count
-    rows = []
-    for group, capacity in groups:
-        name = f"Capacity ({group.name})"
-        if capacity.kind == "odcr-group":
-            rows.append((name, True, f"{capacity.target}: a reservation group; its reservations are not read here"))
-            continue
-        if capacity.reservation_id is None:
-            continue
-        rid = capacity.reservation_id
-        try:
-            (found,) = ec2.describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"]
-        except ClientError as error:
-            rows.append(
-                (
-                    name,
-                    False,
-                    f"{rid}: {error.response['Error']['Code']}. Fix: name a reservation of this account and region",
-                )
+    checks, ends = reservation_checks(
+        ec2, derived.reserved_groups(config), gpu_az, cluster_name=config.cluster_name, now=now
+    )
+    rows = [(check.name, check.passed, check.detail) for check in checks]
+    for group, end in ends.items():
+        scale_down, warn = block_times(end, now)
+        rows.append(
+            (
+                f"Capacity Block end ({group})",
+                True,
+                f"ends {end.isoformat()}: the group scales to zero at {scale_down.isoformat()}, "
+                f"the warning goes out at {warn.isoformat()}",
             )
-            continue
-        problems = []
-        if found["InstanceType"] != group.instance_type:
-            problems.append(f"it reserves {found['InstanceType']}, the group runs {group.instance_type}")
-        if found["AvailabilityZone"] != gpu_az:
-            problems.append(f"it is in {found['AvailabilityZone']}, the GPU AZ is {gpu_az} (set gpu_availability_zone)")
-        if found.get("Tenancy", "default") != "default":
-            problems.append(f"its tenancy is {found['Tenancy']}, the nodes launch with default tenancy")
-        if found.get("InstancePlatform", "Linux/UNIX") != "Linux/UNIX":
-            problems.append(f"its platform is {found['InstancePlatform']}, the nodes run Linux/UNIX")
-        state = found.get("State")
-        if state == "scheduled":
-            problems.append(f"it starts at {found.get('StartDate')}: deploy after that")
-        elif state != "active":
-            problems.append(f"its state is {state}")
-        available = int(found.get("AvailableInstanceCount", 0))
-        if available < wanted[rid]:
-            problems.append(f"{available} instance(s) free, the groups on it need {wanted[rid]}")
-        end = found.get("EndDate")
-        if end is not None and end - now < RESERVATION_MARGIN:
-            problems.append(f"it ends at {end.isoformat()}, within {RESERVATION_MARGIN} (nodes are terminated then)")
-        if problems:
-            rows.append(
-                (
-                    name,
-                    False,
-                    f"{rid}: {'; '.join(problems)}. Fix: choose a reservation that matches, or "
-                    f"{derived.capacity_setting(config, group)}=on-demand",
-                )
-            )
-        else:
-            ends = f", until {end.isoformat()}" if end is not None else ""
-            rows.append((name, True, f"{rid}: {found['InstanceType']} in {gpu_az}, {available} free{ends}"))
+        )
     return rows
 
 

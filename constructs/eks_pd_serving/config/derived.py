@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from .. import layout, versions
+from ..capacity.checks import ReservedGroup
 from ..catalog import MODELS, ModelFacts, facts_from_config
 from ..layout import GpuGroup
 from ..sizing import Sizing, size
@@ -122,6 +123,26 @@ def capacity_setting(s: Settings, group: GpuGroup) -> str:
 def gpu_capacity(s: Settings, group: GpuGroup) -> layout.GpuCapacity:
     """How a group's nodes are bought: its phase's setting (per_phase), else ``gpu_capacity``."""
     return layout.parse_capacity(_phase_capacity(s, group) or s.gpu_capacity)
+
+
+def reserved_groups(s: Settings) -> list[ReservedGroup]:
+    """The GPU groups bought from a reservation, as the capacity checks read them (preflight, and
+    the deploy-time check's properties)."""
+    found = []
+    for group in gpu_groups(s):
+        capacity = gpu_capacity(s, group)
+        if capacity.reserved and capacity.target is not None:
+            found.append(
+                ReservedGroup(
+                    name=group.name,
+                    instance_type=group.instance_type,
+                    max_nodes=group.max_node_count,
+                    kind=capacity.kind,
+                    target=capacity.target,
+                    setting=capacity_setting(s, group),
+                )
+            )
+    return found
 
 
 def type_setting(s: Settings, group: GpuGroup) -> str:

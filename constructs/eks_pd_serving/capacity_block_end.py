@@ -1,0 +1,173 @@
+"""A Capacity Block's end: each block group scaled to zero an hour before its block ends, warned a
+day ahead, by one-time EventBridge Scheduler schedules whose times the deploy-time capacity check
+read from the block (``capacity/block_end.py`` runs them)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from aws_cdk import Aws, Duration, Stack, Token
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_sns as sns
+from constructs import Construct
+
+from ._private import checkov, nag
+from .capacity.block_end import SCALE_DOWN, WARN
+from .capacity_check import GpuCapacityCheck
+from .config import ConstructError
+from .log_groups import LogGroups
+
+CODE_DIR = Path(__file__).parent / "capacity"
+SCHEDULE_GROUP = "default"
+_OUTSIDE_VPC = "Calls only the EC2, EKS, SNS and Scheduler APIs; no ENI to release on destroy"
+
+
+@dataclass(frozen=True)
+class CapacityBlockGroup:
+    """A GPU node group bought as a Capacity Block: its group name, the block and the managed node
+    group's name (a token is fine)."""
+
+    name: str
+    reservation_id: str
+    nodegroup_name: str
+
+
+def schedule_name(cluster_name: str, group: str, action: str) -> str:
+    """A schedule's name (64 characters at most): the cluster's name cut to fit, with a digest of
+    the whole name so two long names never share one."""
+    digest = hashlib.sha256(cluster_name.encode()).hexdigest()[:8]
+    return f"{cluster_name[:32]}-{digest}-{group}-{'end' if action == SCALE_DOWN else 'warn'}"
+
+
+class CapacityBlockEnd(Construct):
+    """Two one-time schedules per Capacity Block group (the warning, the scale-down) and the
+    function they run. The times come from ``capacity_check`` (its ``warn_at``/``scale_down_at``,
+    read from the block at deploy); the function reads the block again when it runs and moves its
+    schedule when an extension moved the end.
+
+    :param cluster_name: the EKS cluster's name, as a literal (the schedules' names hold it).
+    :param groups: the Capacity Block groups.
+    :param capacity_check: the deploy-time check that read each block.
+    :param log_groups: where the function logs.
+    :param topic: the alarms' SNS topic, which the warning and the scale-down notify.
+        Default: None (the function logs them only).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        cluster_name: str,
+        groups: Sequence[CapacityBlockGroup],
+        capacity_check: GpuCapacityCheck,
+        log_groups: LogGroups,
+        topic: sns.ITopic | None = None,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = Stack.of(self)
+        if Token.is_unresolved(cluster_name):
+            raise ConstructError(
+                self,
+                "CapacityBlockEndClusterNameToken",
+                "cluster_name is a token; the schedules are named after the cluster at synth. "
+                "Fix: pass the cluster's name as a string",
+            )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description="Scales a Capacity Block's GPU node group to zero before the block ends, and warns ahead",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            handler="block_end.on_schedule",
+            code=lambda_.Code.from_asset(str(CODE_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
+            timeout=Duration.minutes(1),
+            log_group=log_groups.group(self, "FunctionLogGroup"),
+        )
+        self.invoker = iam.Role(
+            self,
+            "SchedulerRole",
+            description="EventBridge Scheduler: runs the Capacity Block end function",
+            assumed_by=iam.ServicePrincipal(
+                "scheduler.amazonaws.com", conditions={"StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID}}
+            ),
+        )
+        self.function.grant_invoke(self.invoker)
+        # DescribeCapacityReservations has no resource-level permissions.
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["ec2:DescribeCapacityReservations"], resources=["*"])
+        )
+        nodegroup_arns = [
+            stack.format_arn(service="eks", resource="nodegroup", resource_name=f"{cluster_name}/{g.nodegroup_name}/*")
+            for g in groups
+        ]
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["eks:DescribeNodegroup", "eks:UpdateNodegroupConfig"], resources=nodegroup_arns
+            )
+        )
+        names = [schedule_name(cluster_name, g.name, action) for g in groups for action in (WARN, SCALE_DOWN)]
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(
+                actions=["scheduler:GetSchedule", "scheduler:UpdateSchedule"],
+                resources=[
+                    stack.format_arn(service="scheduler", resource="schedule", resource_name=f"{SCHEDULE_GROUP}/{n}")
+                    for n in names
+                ],
+            )
+        )
+        # UpdateSchedule hands the schedule's role to Scheduler again.
+        assert self.function.role is not None
+        self.invoker.grant_pass_role(self.function.role)
+        if topic is not None:
+            topic.grant_publish(self.function)
+        self.schedules: dict[tuple[str, str], scheduler.CfnSchedule] = {}
+        for group in groups:
+            for action, at in (
+                (WARN, capacity_check.warn_at(group.name)),
+                (SCALE_DOWN, capacity_check.scale_down_at(group.name)),
+            ):
+                name = schedule_name(cluster_name, group.name, action)
+                event = {
+                    "action": action,
+                    "group": group.name,
+                    "reservation": group.reservation_id,
+                    "cluster": cluster_name,
+                    "nodegroup": group.nodegroup_name,
+                    "topic": topic.topic_arn if topic is not None else "",
+                    "schedule": name,
+                    "schedule_group": SCHEDULE_GROUP,
+                }
+                self.schedules[(group.name, action)] = scheduler.CfnSchedule(
+                    self,
+                    f"{group.name.capitalize()}{'ScaleDown' if action == SCALE_DOWN else 'Warning'}",
+                    name=name,
+                    group_name=SCHEDULE_GROUP,
+                    description=f"Capacity Block {group.reservation_id}: {action} of the {group.name} GPU node group",
+                    schedule_expression=at,
+                    schedule_expression_timezone="UTC",
+                    flexible_time_window=scheduler.CfnSchedule.FlexibleTimeWindowProperty(mode="OFF"),
+                    target=scheduler.CfnSchedule.TargetProperty(
+                        arn=self.function.function_arn,
+                        role_arn=self.invoker.role_arn,
+                        input=stack.to_json_string(event),
+                        retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
+                            maximum_event_age_in_seconds=1800, maximum_retry_attempts=5
+                        ),
+                    ),
+                )
+        acknowledgments = nag.capacity_block_end(
+            self.function,
+            self.invoker,
+            [nag.token_names(self, arn) for arn in nodegroup_arns],
+            encrypted_topic=topic is not None,
+        )
+        for construct, findings in acknowledgments.items():
+            nag.acknowledge(construct, findings)
+        cfn = self.function.node.default_child
+        assert isinstance(cfn, lambda_.CfnFunction)
+        checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
