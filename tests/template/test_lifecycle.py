@@ -30,6 +30,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gcs_ft_off": {"gcs_fault_tolerance": False},
     "api_keys": {"api_keys": True},
     "kv_guard_off": {"kv_pull_guard": "off"},
+    "capacity_block": {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
+                       "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
             "alarm_email": "ops@example.com"},
 }  # fmt: skip
@@ -78,7 +80,7 @@ def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 12 and len(rules.UPDATE_RULES) == 3
+    assert len(rules.TEMPLATE_RULES) == 13 and len(rules.UPDATE_RULES) == 3
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -413,3 +415,26 @@ def test_the_gcs_store_rule_has_nothing_to_check_without_fault_tolerance(variant
     model = variants["gcs_ft_off"]
     assert not _ids(model, "AWS::ElastiCache::ReplicationGroup")
     assert rules.ray_clusters_outlive_no_gcs_store(model) == []
+
+
+def test_a_capacity_block_group_without_its_scale_down_or_with_a_fixed_time_is_found(
+    variants: dict[str, StackModel],
+) -> None:
+    """The block's decode group as synthesized passes; without its scale-down schedule, or with a
+    literal time (which would not follow the block or its extension), the rule names it."""
+    rule = "capacity_blocks_scale_to_zero_before_their_end"
+    model = variants["capacity_block"]
+    assert _found(model, rule) == []
+    (decode,) = _ids(model, "AWS::EKS::Nodegroup", CapacityType="CAPACITY_BLOCK")
+    template = json.loads(json.dumps(model.template))
+    schedules = {k: r for k, r in template["Resources"].items() if r["Type"] == "AWS::Scheduler::Schedule"}
+    (scale_down,) = [k for k, r in schedules.items() if "scale-down" in json.dumps(r)]
+    fixed = json.loads(json.dumps(template))
+    fixed["Resources"][scale_down]["Properties"]["ScheduleExpression"] = "at(2027-01-01T10:30:00)"
+    assert [f.missing for f in _found(StackModel(fixed), rule)] == [
+        'its time "at(2027-01-01T10:30:00)" is not the capacity check\'s ScaleDownAt'
+    ]
+    del template["Resources"][scale_down]
+    assert [(f.resource, f.missing) for f in _found(StackModel(template), rule)] == [
+        (decode, "no scale-down schedule names this Capacity Block group")
+    ]

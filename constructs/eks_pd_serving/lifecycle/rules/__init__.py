@@ -28,6 +28,7 @@ from .destroy import (
 from .finding import Finding
 from .network import serve_port_admits_nlb_subnets
 from .placement import no_unmovable_pods_on_autoscaled_nodes, rendered_agents, workloads_follow_their_nodes
+from .reservations import capacity_blocks_scale_to_zero_before_their_end
 from .updates import (
     moved_objects_applied_before_prune,
     named_log_groups_preflighted,
@@ -56,6 +57,7 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         system_nodes_hold_their_pods,
         new_cluster_upgrade_fits,
         serve_port_admits_nlb_subnets,
+        capacity_blocks_scale_to_zero_before_their_end,
     )
 }
 
@@ -75,6 +77,7 @@ __all__ = [
     "NodeBudget",
     "aws_controllers_outlive_credentials_and_nodes",
     "aws_controllers_outlive_dns",
+    "capacity_blocks_scale_to_zero_before_their_end",
     "check",
     "finalized_objects_outlive_no_controller",
     "head_cpu_m",
