@@ -193,3 +193,30 @@ def test_the_block_end_code_runs_as_lambda_loads_it() -> None:
     result = subprocess.run([sys.executable, "-I", "-c", script], env=NO_AWS_ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == ["checks", False]
+
+
+# --- verify -------------------------------------------------------------------------------------------
+def test_verify_says_when_the_block_group_scales_to_zero_and_fails_after_it() -> None:
+    from eks_pd_serving.cli import verify
+    from eks_pd_serving.config import DeploymentConfig
+
+    settings = DeploymentConfig.create(
+        gpu_capacity=f"capacity-block:{CR}",
+        availability_zones="us-east-1a,us-east-1b",
+        gpu_availability_zone="us-east-1a",
+    )
+    ec2, stub = client("ec2")
+    for _ in range(2):
+        stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block()]},
+                          {"CapacityReservationIds": [CR]})  # fmt: skip
+    with stub:
+        (before,) = verify.check_capacity_blocks(settings, lambda: ec2, now=END - datetime.timedelta(days=1, hours=2))
+        (after,) = verify.check_capacity_blocks(settings, lambda: ec2, now=END - datetime.timedelta(minutes=30))
+    assert before.passed and before.detail == (
+        f"{CR} ends 2026-12-06T11:30:00+00:00; the gpu group scales to zero at 2026-12-06T10:30:00+00:00 "
+        "(in 1 d 1 h), warning at 2026-12-05T11:30:00+00:00"
+    )
+    assert not after.passed and "was scaled to zero at 2026-12-06T10:30:00+00:00. Fix: deploy with gpu_capacity" in (
+        after.detail
+    )
+    assert verify.check_capacity_blocks(DeploymentConfig.create(), lambda: pytest.fail("no block, no call")) == []

@@ -242,3 +242,19 @@ def test_the_failures_page_shows_the_runbooks_command_as_the_package_has_it() ->
     assert runbook.replace_decode_command() in shown
     assert runbook.replace_decode_command("other") not in shown  # the check can fail
     assert f"SERVE_REPLICA::{serve_config.APP_NAME}#Decode" == runbook.DECODE_REPLICA_PREFIX
+
+
+def undocumented_rules(page: str) -> list[str]:
+    """Lifecycle rules the reference page's table does not list (a row per rule, its name first)."""
+    from eks_pd_serving.lifecycle import rules
+
+    names = [*rules.TEMPLATE_RULES, *rules.UPDATE_RULES, "named_log_groups_preflighted"]
+    return [name for name in names if f"| `{name}`" not in page]
+
+
+def test_the_lifecycle_page_lists_every_rule() -> None:
+    page = (ROOT / "docs" / "reference" / "lifecycle.md").read_text()
+    assert undocumented_rules(page) == []
+    assert undocumented_rules(page.replace("| `serve_port_admits_nlb_subnets`", "| serve port")) == [
+        "serve_port_admits_nlb_subnets"
+    ]

@@ -36,6 +36,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from ..capacity.checks import block_times
+from ..config import derived
 from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
 from ..k8s.network import LOCK_DOWN_POLICIES, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
@@ -185,6 +187,41 @@ def check_gcs_fault_tolerance(heads: list[Any], on: bool, elasticache: Callable[
             )
             return Check(name, group["Status"] == "available", detail)
     return Check(name, False, f"no ElastiCache replication group has the head's store address {host}")
+
+
+def check_capacity_blocks(settings: Any, ec2: Callable[[], Any], now: datetime.datetime | None = None) -> list[Check]:
+    """Each Capacity Block group's block: when it ends, when the group scales to zero and when the
+    warning goes out (``capacity.checks.block_times``, as the schedules have them). Fails once the
+    scale-down time has passed (the phase has no nodes until a deploy moves it to another option)."""
+    blocks = [g for g in derived.reserved_groups(settings) if g.kind == "capacity-block"]
+    if not blocks:
+        return []
+    import botocore.exceptions
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    found = []
+    for group in blocks:
+        name = f"Capacity Block ({group.name})"
+        try:
+            (block,) = ec2().describe_capacity_reservations(CapacityReservationIds=[group.target])[
+                "CapacityReservations"
+            ]
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+            found.append(Check(name, False, f"{group.target} unreadable ({error}). Fix: credentials with "
+                               "ec2:DescribeCapacityReservations"))  # fmt: skip
+            continue
+        end = block["EndDate"]
+        scale_down, warn = block_times(end, now)
+        if now >= scale_down:
+            found.append(Check(name, False, f"{group.target} ends {end.isoformat()}; the {group.name} group was scaled "
+                               f"to zero at {scale_down.isoformat()}. Fix: deploy with {group.setting} on another "
+                               "option (or buy a new block)"))  # fmt: skip
+            continue
+        left = scale_down - now
+        found.append(Check(name, True, f"{group.target} ends {end.isoformat()}; the {group.name} group scales to zero "
+                           f"at {scale_down.isoformat()} (in {left.days} d {left.seconds // 3600} h), warning at "
+                           f"{warn.isoformat()}"))  # fmt: skip
+    return found
 
 
 NETWORK_POLICIES = LOCK_DOWN_POLICIES
@@ -339,6 +376,7 @@ def run(args: argparse.Namespace) -> int:
         check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
     )
     checks.append(check_network_policies(client.NetworkingV1Api(), settings.namespace))
+    checks += check_capacity_blocks(settings, lambda: _aws(args, settings, "ec2"))
     if settings.internal_endpoint:
         checks.append(
             check_internal_endpoint(core, settings.namespace, endpoint_service_name(settings.ray_service_name))
