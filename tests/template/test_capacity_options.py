@@ -257,3 +257,73 @@ def test_the_schedule_names_fit_and_never_collide() -> None:
     long_a, long_b = "a" * 90 + "-one", "a" * 90 + "-two"
     names = {schedule_name(n, "decode", a) for n in (long_a, long_b) for a in ("warn", "scale-down")}
     assert len(names) == 4 and all(len(n) <= 64 for n in names)
+
+
+# --- cost and offerings per option ----------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("settings", "price", "note"),
+    [
+        ({}, 2.0144, ""),
+        ({"gpu_capacity": f"odcr:{CR}", **AZ}, 2.0144, "On-Demand Capacity Reservation: billed at the on-demand rate"),
+        ({"gpu_capacity": f"capacity-block:{CR}", **AZ}, 0.0, "Capacity Block: prepaid up front, not in this total"),
+    ],
+    ids=["on-demand", "odcr", "capacity-block"],
+)
+def test_cost_prices_each_capacity_option(settings: dict[str, Any], price: float, note: str) -> None:
+    from eks_pd_serving.cli import cost
+
+    lines, _ = cost.estimate(synthesized(**settings), "us-east-1", datetime.date(2026, 12, 4))
+    (gpu,) = [line for line in lines if line.item == "g6.8xlarge nodes"]
+    assert gpu.unit_price == price and gpu.note.startswith(note)
+
+
+def test_cost_prices_a_block_at_its_given_price_and_spot_at_its_ceiling() -> None:
+    from eks_pd_serving.cli import cost
+
+    block, _ = cost.estimate(synthesized(gpu_capacity=f"capacity-block:{CR}", **AZ), "us-east-1",
+                             datetime.date(2026, 12, 4), capacity_block_price=1.25)  # fmt: skip
+    assert [(ln.quantity, ln.unit_price) for ln in block if ln.item == "g6.8xlarge nodes"] == [(2, 1.25)]
+    spot, _ = cost.estimate(synthesized(gpu_layout="per_phase", prefill_capacity="spot"), "us-east-1",
+                            datetime.date(2026, 12, 4))  # fmt: skip
+    notes = sorted(ln.note.split(":")[0] for ln in spot if ln.item == "g6.8xlarge nodes")
+    assert notes == ["", "spot"]
+
+
+def test_preflight_lists_the_cheapest_block_offering_in_the_gpu_az() -> None:
+    client, stub = ec2_client_empty()
+    offer = {"CapacityBlockOfferingId": "cb-0123456789abcdef0", "InstanceType": "g6.8xlarge", "InstanceCount": 2,
+             "CapacityBlockDurationHours": 48, "UpfrontFee": "192.00", "CurrencyCode": "USD",
+             "StartDate": NOW, "EndDate": NOW + datetime.timedelta(hours=48)}  # fmt: skip
+    here, dearer, there = (
+        {**offer, "AvailabilityZone": "us-east-1a"},
+        {**offer, "AvailabilityZone": "us-east-1a", "UpfrontFee": "300.00"},
+        {**offer, "AvailabilityZone": "us-east-1c", "UpfrontFee": "10.00"},
+    )
+    params = {"InstanceType": "g6.8xlarge", "InstanceCount": 2, "CapacityDurationHours": 48}
+    stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [here, dearer, there]}, params)
+    stub.add_response("describe_capacity_block_offerings", {"CapacityBlockOfferings": [there]}, params)
+    config = DeploymentConfig.create()
+    (row,) = preflight.block_offerings(client, config, "us-east-1a", 48)
+    assert row[2].endswith("USD 192.00 up front = 2.0000 per instance-hour (cost --capacity-block-price 2.0000)")
+    (none,) = preflight.block_offerings(client, config, "us-east-1a", 48)
+    assert none[2] == "none of 2 x g6.8xlarge for 48 h in us-east-1a (offered in us-east-1c)"
+
+
+@pytest.mark.parametrize("hours", ["48", "336", "504", "4368"])
+def test_block_hours_takes_the_durations_ec2_sells(hours: str) -> None:
+    assert preflight.block_hours(hours) == int(hours)
+
+
+@pytest.mark.parametrize("hours", ["0", "36", "360", "4369", "two"])
+def test_block_hours_refuses_others_in_one_line(hours: str) -> None:
+    import argparse
+
+    with pytest.raises(argparse.ArgumentTypeError, match=f"--block-hours='{hours}' is not a Capacity Block duration"):
+        preflight.block_hours(hours)
+
+
+def ec2_client_empty() -> tuple[Any, Stubber]:
+    client = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    stub.activate()
+    return client, stub

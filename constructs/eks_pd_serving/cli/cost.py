@@ -76,9 +76,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", default="us-east-1", help="price table region (default us-east-1)")
     parser.add_argument("--on", type=datetime.date.fromisoformat, default=datetime.date.today(),
                         help="date for the EKS support status (default today)")  # fmt: skip
+    parser.add_argument("--capacity-block-price", type=float, default=None, metavar="USD",
+                        help="what a Capacity Block cost per instance-hour (its upfront fee / hours / "
+                             "instances; preflight --block-hours lists offerings with theirs). "
+                             "Default: left out of the total")  # fmt: skip
 
 
-def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[list[Line], str]:
+def estimate(
+    template: dict[str, Any], region: str, on: datetime.date, capacity_block_price: float | None = None
+) -> tuple[list[Line], str]:
     table_region = region if region in PRICES else "us-east-1"
     label = f"prices: {PRICES_SOURCE}" + ("" if table_region == region else f"; no table for {region}")
     prices = PRICES[table_region]
@@ -98,10 +104,10 @@ def estimate(template: dict[str, Any], region: str, on: datetime.date) -> tuple[
         scaling = group["ScalingConfig"]
         low, high = scaling["MinSize"], scaling["MaxSize"]
         bounded = None if low == high else high
-        note = "" if instance in prices else "no price in table"
+        price, note = _node_price(template, group, prices.get(instance), capacity_block_price)
         if bounded is not None:
             note = f"autoscaled {low} to {high}" + (f"; {note}" if note else "")
-        lines.append(Line(f"{instance} nodes", low, prices.get(instance, 0.0), note, bounded))
+        lines.append(Line(f"{instance} nodes", low, price, note, bounded))
         disk = _disk_gib(template, group)
         gp3 = prices["gp3_gb_month"] / HOURS_30_DAYS
         lines.append(
@@ -191,6 +197,38 @@ def _observability(resources: list[dict[str, Any]], prices: dict[str, float]) ->
     ]
 
 
+def _node_price(
+    template: dict[str, Any], group: dict[str, Any], on_demand: float | None, block_price: float | None
+) -> tuple[float, str]:
+    """A GPU node's hourly price and note by how it is bought (docs/features/capacity.md)."""
+    missing = "no price in table"
+    capacity = group.get("CapacityType")
+    if capacity == "CAPACITY_BLOCK":
+        if block_price is not None:
+            return block_price, "Capacity Block, at the given price per instance-hour (prepaid)"
+        return 0.0, (
+            "Capacity Block: prepaid up front, not in this total; give --capacity-block-price (its upfront fee / "
+            "hours / instances)"
+        )
+    if capacity == "SPOT":
+        return on_demand or 0.0, (
+            "spot: at most this on-demand price (no spot price is recorded here: they move with the market; "
+            "aws ec2 describe-spot-price-history)"
+            if on_demand is not None
+            else missing
+        )
+    launch_template = group.get("LaunchTemplate")
+    data = (
+        template["Resources"][launch_template["Id"]["Ref"]]["Properties"]["LaunchTemplateData"]
+        if launch_template
+        else {}
+    )
+    if "CapacityReservationSpecification" in data:
+        note = "On-Demand Capacity Reservation: billed at the on-demand rate while active, used or not"
+        return on_demand or 0.0, note if on_demand is not None else f"{note}; {missing}"
+    return on_demand or 0.0, "" if on_demand is not None else missing
+
+
 def _disk_gib(template: dict[str, Any], group: dict[str, Any]) -> int:
     launch_template = group.get("LaunchTemplate")
     if launch_template:
@@ -203,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.template.exists():
         console.print(f"error: {args.template} not found. Fix: run make synth first")
         return 2
-    lines, label = estimate(json.loads(args.template.read_text()), args.region, args.on)
+    lines, label = estimate(json.loads(args.template.read_text()), args.region, args.on, args.capacity_block_price)
     hourly = sum(ln.hourly for ln in lines)
     if all(ln.max_quantity is None for ln in lines):
         rows = [

@@ -53,6 +53,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--region", help="AWS region (default: the region setting, then your AWS config)")
     parser.add_argument("--profile", help="AWS profile")
     parser.add_argument("--no-write", action="store_true", help="do not write cdk.context.json")
+    parser.add_argument("--block-hours", type=block_hours, default=None, metavar="HOURS",
+                        help="also list the Capacity Block offerings of each GPU group's type and most nodes in the "
+                             "GPU AZ for this duration, with their price (DescribeCapacityBlockOfferings)")  # fmt: skip
+
+
+def block_hours(text: str) -> int:
+    """A Capacity Block duration EC2 sells: whole days up to 14, then whole weeks up to 182 days."""
+    hours = int(text) if text.isdigit() else -1
+    if (24 <= hours <= 14 * 24 and hours % 24 == 0) or (14 * 24 < hours <= 182 * 24 and hours % (7 * 24) == 0):
+        return hours
+    raise argparse.ArgumentTypeError(
+        f"--block-hours={text!r} is not a Capacity Block duration. Fix: 24 to 336 in steps of 24 (1-14 days), "
+        "or 504 to 4368 in steps of 168 (3-26 weeks)"
+    )
+
+
+def block_offerings(ec2: Any, config: DeploymentConfig, gpu_az: str, hours: int) -> list[tuple[str, bool, str]]:
+    """The cheapest Capacity Block offering in the GPU AZ for each GPU group (its type, its most
+    nodes, ``hours``), with its price per instance-hour; informational (never fails preflight)."""
+    rows = []
+    for group in config.gpu_groups:
+        name = f"Capacity Block offering ({group.name})"
+        pages = ec2.get_paginator("describe_capacity_block_offerings").paginate(
+            InstanceType=group.instance_type, InstanceCount=group.max_node_count, CapacityDurationHours=hours
+        )
+        offers = [o for page in pages for o in page["CapacityBlockOfferings"]]
+        here = sorted((o for o in offers if o["AvailabilityZone"] == gpu_az), key=lambda o: float(o["UpfrontFee"]))
+        if not here:
+            elsewhere = sorted({o["AvailabilityZone"] for o in offers}) or ["no AZ"]
+            rows.append((name, True, f"none of {group.max_node_count} x {group.instance_type} for {hours} h in "
+                         f"{gpu_az} (offered in {', '.join(elsewhere)})"))  # fmt: skip
+            continue
+        best = here[0]
+        fee, count = float(best["UpfrontFee"]), int(best["InstanceCount"])
+        per_hour = fee / int(best["CapacityBlockDurationHours"]) / count
+        window = f"{best['StartDate'].isoformat()} to {best['EndDate'].isoformat()}"
+        price = f"{best.get('CurrencyCode', 'USD')} {fee:,.2f} up front = {per_hour:.4f} per instance-hour"
+        offer = f"{best['CapacityBlockOfferingId']}: {count} x {group.instance_type} in {gpu_az}, {window}, {price}"
+        rows.append((name, True, f"{offer} (cost --capacity-block-price {per_hour:.4f})"))
+    return rows
 
 
 def resolve_gpu_az(ec2: Any, config: DeploymentConfig, region: str) -> tuple[str, list[str]]:
@@ -343,6 +383,11 @@ def run(args: argparse.Namespace) -> int:
     except (ClientError, BotoCoreError) as error:
         console.print(f"preflight failed: {error}")
         return 1
+    if args.block_hours:
+        try:
+            result.checks += block_offerings(session.client("ec2"), config, result.gpu_az, args.block_hours)
+        except (ClientError, BotoCoreError) as error:
+            result.checks.append(("Capacity Block offerings", False, f"unreadable ({error})"))
     rows = [
         [name, "[green]ok[/green]" if passed else "[red]FAIL[/red]", detail] for name, passed, detail in result.checks
     ]
