@@ -32,7 +32,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "manual_gcs_ft_off": {"ray_upgrade_strategy": "manual", "gcs_fault_tolerance": False},
     "new_cluster": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2},
     "new_cluster_guard_off": {"ray_upgrade_strategy": "NewCluster", "system_node_count": 2, "kv_pull_guard": "off"},
-}
+    "pinned_az": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
+    "odcr": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
+             "gpu_capacity": "odcr:cr-0123456789abcdef0"},
+    "block": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
+              "gpu_capacity": "capacity-block:cr-0123456789abcdef0"},
+}  # fmt: skip
 REBUILDS = "RayCluster config changed under recreate: the deploy rebuilds the Ray cluster"
 MANUAL = "not applied until the cluster is recreated"
 
@@ -214,3 +219,27 @@ def test_under_new_cluster_the_second_clusters_gpu_nodes_are_counted_and_priced(
     # The walkthrough's two g6.8xlarge workers again beside the first cluster, at the catalogue's price.
     assert "a second Ray cluster is built beside the first" in ray and "2 more GPU node(s)" in ray
     assert "2 x g6.8xlarge at $2.014/h: $4.03 an hour on demand in us-east-1 while both run" in ray
+
+
+def test_moving_the_gpu_group_onto_an_odcr_rolls_its_nodes_into_the_reservation(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "pinned_az", "odcr")
+    (group,) = by_type(result, "AWS::EKS::Nodegroup")
+    assert group.action == "modify" and "rolling update" in group.effect
+    (template,) = by_type(result, "AWS::EC2::LaunchTemplate")
+    assert "CapacityReservationSpecification" in template.cause and "Placement" in template.cause
+    (placement,) = by_type(result, "AWS::EC2::PlacementGroup")
+    assert placement.action == "delete"
+    (check,) = by_type(result, "Custom::GpuCapacityCheck")
+    assert "each reservation" in check.effect
+
+
+def test_moving_the_gpu_group_onto_a_capacity_block_replaces_it_and_adds_its_end(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "odcr", "block")
+    (group,) = by_type(result, "AWS::EKS::Nodegroup")
+    assert (group.action, group.cause.split(";")[0]) == ("replace", "create-only /CapacityType")
+    schedules = by_type(result, "AWS::Scheduler::Schedule")
+    assert len(schedules) == 2 and all(
+        s.action == "add" and "an hour before the block ends" in s.effect for s in schedules
+    )
+    back = by_type(impact(synthesized, "block", "odcr"), "AWS::Scheduler::Schedule")
+    assert [s.effect.split(":")[0] for s in back] == ["Capacity Block schedule removed"] * 2

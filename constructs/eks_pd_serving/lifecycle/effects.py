@@ -134,7 +134,16 @@ def effect(action: Action, old: Resource | None, new: Resource | None, paths: se
             return "log group replaced: a new group; the old one is deleted with its events"
         return "log group " + ("created" if action == "add" else "settings changed")
     if kind == "Custom::GpuCapacityCheck" and action in ("add", "modify"):
-        return "the GPU capacity check runs again (EFA, AZ offering, vCPU quota): a failure stops the update first"
+        return (
+            "the GPU capacity check runs again (EFA, AZ offering, vCPU quota, each reservation): a failure stops "
+            "the update first"
+        )
+    if kind == "AWS::Scheduler::Schedule":
+        if action == "delete":
+            return "Capacity Block schedule removed: nothing scales the group down before a block's end"
+        return (
+            "Capacity Block schedule: the group is warned a day ahead and scaled to zero an hour before the block ends"
+        )
     if kind.startswith(("AWS::CloudWatch::", "AWS::SNS::", "AWS::Logs::MetricFilter")):
         return "monitoring only: serving unaffected"
     if kind.startswith("AWS::IAM::") or kind == facts.POD_IDENTITY:
