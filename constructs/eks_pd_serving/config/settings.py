@@ -168,7 +168,8 @@ class Settings(BaseModel):
         description=(
             "How the GPU nodes are bought (docs/features/capacity.md): on-demand; odcr:<cr-id> or odcr-group:<ARN>, "
             "an On-Demand Capacity Reservation; capacity-block:<cr-id>, an EC2 Capacity Block for ML. A reservation "
-            "brings its own placement (no stack placement group); preflight checks its type, AZ, count and window."
+            "brings its own placement (no stack placement group); preflight and the deploy check its type, AZ, count "
+            "and window. A Capacity Block's group is scaled to zero an hour before the block ends, warned a day ahead."
         ),
         json_schema_extra=_hint(
             "on-demand, odcr:cr-<17 hex>, odcr-group:<resource group ARN> or capacity-block:cr-<17 hex>"
