@@ -258,3 +258,43 @@ def test_the_lifecycle_page_lists_every_rule() -> None:
     assert undocumented_rules(page.replace("| `serve_port_admits_nlb_subnets`", "| serve port")) == [
         "serve_port_admits_nlb_subnets"
     ]
+
+
+def picture_drift(readme: str) -> list[str]:
+    """The README's architecture picture (its first code block) against the code: each pinned fact
+    it shows, as the code has it now; the facts it no longer shows."""
+    from eks_pd_serving import versions
+    from eks_pd_serving._private.launch_template import GPU_IMDS_HOP_LIMIT, SYSTEM_IMDS_HOP_LIMIT
+    from eks_pd_serving.config import DeploymentConfig
+    from eks_pd_serving.network import VPC_CIDR
+
+    picture = readme.split("```\n", 2)[1]
+    lines = picture.splitlines()
+    system = next(line for line in lines if "system node group" in line)
+    gpu_template = next(line for line in lines if "launch template:" in line)
+    c = DeploymentConfig.create()
+    facts = {
+        f"VPC {VPC_CIDR}": picture,
+        f"EKS {c.kubernetes_version}": picture,
+        f"{c.system_instance_type} x{c.system_node_count}": system,
+        f"gp3 {c.system_root_volume_gib} GiB root": system,
+        f"IMDSv2 (hop {SYSTEM_IMDS_HOP_LIMIT})": system,
+        f"{c.gpu_instance_type} x{c.gpu_node_count}": picture,
+        f"IMDSv2 (hop {GPU_IMDS_HOP_LIMIT})": gpu_template,
+        f"gp3 {c.gpu_root_volume_gib} GiB root": picture,
+        f"KubeRay operator {versions.KUBERAY_VERSION}": picture,
+        f"NVIDIA device plugin {versions.NVIDIA_DEVICE_PLUGIN_VERSION}": picture,
+        f"RayService {c.ray_service_name} in namespace {c.namespace}": picture,
+        f"add-on {c.cloudwatch_addon_version}": picture,
+    }
+    return [fact for fact, where in facts.items() if fact not in where]
+
+
+def test_the_readmes_picture_shows_what_the_code_deploys() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert picture_drift(readme) == []
+    # The drift this test was written after: the GPU nodes' hop limit went to 1, the picture said 2.
+    stale = readme.replace("IMDSv2 (hop 1)", "IMDSv2 (hop 2)").replace(
+        "KubeRay operator 1.7.0", "KubeRay operator 1.4.0"
+    )
+    assert picture_drift(stale) == ["IMDSv2 (hop 1)", "KubeRay operator 1.7.0"]
