@@ -11,12 +11,12 @@ from pathlib import Path
 
 from aws_cdk import Aws, Duration, Stack, Token
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_sns as sns
 from constructs import Construct
 
-from ._private import checkov, nag
+from ._private import nag
+from ._private.functions import api_function
 from .capacity.block_end import SCALE_DOWN, WARN
 from .capacity_check import GpuCapacityCheck
 from .config import ConstructError
@@ -78,15 +78,15 @@ class CapacityBlockEnd(Construct):
                 "cluster_name is a token; the schedules are named after the cluster at synth. "
                 "Fix: pass the cluster's name as a string",
             )
-        self.function = lambda_.Function(
+        self.function = api_function(
             self,
             "Function",
             description="Scales a Capacity Block's GPU node group to zero before the block ends, and warns ahead",
-            runtime=lambda_.Runtime.PYTHON_3_14,
             handler="block_end.on_schedule",
-            code=lambda_.Code.from_asset(str(CODE_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
+            code_dir=CODE_DIR,
             timeout=Duration.minutes(1),
-            log_group=log_groups.group(self, "FunctionLogGroup"),
+            log_groups=log_groups,
+            outside_vpc_reason=_OUTSIDE_VPC,
         )
         self.invoker = iam.Role(
             self,
@@ -168,6 +168,3 @@ class CapacityBlockEnd(Construct):
         )
         for construct, findings in acknowledgments.items():
             nag.acknowledge(construct, findings)
-        cfn = self.function.node.default_child
-        assert isinstance(cfn, lambda_.CfnFunction)
-        checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)

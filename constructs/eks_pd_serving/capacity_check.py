@@ -14,6 +14,7 @@ from aws_cdk import custom_resources as cr
 from constructs import Construct
 
 from ._private import checkov, nag
+from ._private.functions import api_function
 from .capacity.checks import QUOTA_FAMILIES, QUOTA_SERVICE, GroupNeed, ReservedGroup, block_attributes, quota_family
 from .log_groups import LogGroups
 
@@ -47,15 +48,15 @@ class GpuCapacityCheck(Construct):
         reservations: Sequence[ReservedGroup] = (),
     ) -> None:
         super().__init__(scope, id)
-        self.function = lambda_.Function(
+        self.function = api_function(
             self,
             "Function",
             description="Fails the deploy early when the GPU node groups could not launch",
-            runtime=lambda_.Runtime.PYTHON_3_14,
             handler="handler.on_event",
-            code=lambda_.Code.from_asset(str(CODE_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"]),
+            code_dir=CODE_DIR,
             timeout=Duration.minutes(2),
-            log_group=log_groups.group(self, "FunctionLogGroup"),
+            log_groups=log_groups,
+            outside_vpc_reason=_OUTSIDE_VPC,
         )
         self.function.add_to_role_policy(
             iam.PolicyStatement(
@@ -105,10 +106,9 @@ class GpuCapacityCheck(Construct):
         nag.acknowledge(self.function, nag.CAPACITY_CHECK_FUNCTION)
         # Outside the VPC on purpose: it calls only public AWS APIs, runs before anything in the
         # VPC is needed, and leaves no ENI behind to hold up deleting the VPC.
-        for function in (self.function, provider.node.find_child("framework-onEvent")):
-            cfn = function.node.default_child
-            assert isinstance(cfn, lambda_.CfnFunction)
-            checkov.skip(cfn, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
+        framework = provider.node.find_child("framework-onEvent").node.default_child
+        assert isinstance(framework, lambda_.CfnFunction)
+        checkov.skip(framework, checkov.LAMBDA_OUTSIDE_VPC, _OUTSIDE_VPC)
         nag.acknowledge(provider, nag.provider_framework(provider, self.function))
 
     def scale_down_at(self, group: str) -> str:
