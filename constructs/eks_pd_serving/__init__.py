@@ -20,12 +20,15 @@ except metadata.PackageNotFoundError:  # running from a source tree that is not 
 # The public API: name -> the module that defines it (imported on first use).
 _EXPORTS = {
     "ConfigError": "config",
+    "ConstructError": "config",
     "DeploymentConfig": "config",
     "PdServing": "pd_serving",
     # Each construct alone, with its props.
     "Network": "network",
     "LogGroups": "log_groups",
     "GpuCapacityCheck": "capacity_check",
+    "CapacityBlockEnd": "capacity_block_end",
+    "CapacityBlockGroup": "capacity_block_end",
     "EksCluster": "cluster",
     "EksClusterProps": "cluster",
     "EfaGpuNodeGroup": "gpu_node_group",

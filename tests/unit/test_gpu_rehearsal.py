@@ -106,7 +106,7 @@ def test_emulating_an_l4_gives_vllm_the_l4_budget() -> None:
 @pytest.mark.parametrize(
     ("gpu", "host", "message"),
     [
-        ("B200", H200, "--emulate-gpu 'B200': not in the catalog; use one of A100, A10G, H100, H200, L4, L40S"),
+        ("MI300X", H200, "--emulate-gpu 'MI300X': not in the catalog; use one of A100, A10G, B200, B300, H100, H200"),
         ("L40S", dataclasses.replace(H200, total_bytes=24 * GIB), "exceeds this GPU's memory"),
     ],
 )
