@@ -70,7 +70,7 @@ def test_the_times_keep_ec2s_termination_and_a_drain_between_them() -> None:
 
 def test_the_deploy_time_check_reads_the_block_and_gives_both_schedule_times(monkeypatch: pytest.MonkeyPatch) -> None:
     ec2, stub = client("ec2")
-    monkeypatch.setattr(handler, "check_capacity", lambda *a, **kw: [])
+    monkeypatch.setattr(checks, "check_capacity", lambda *a, **kw: [])
     stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block()]},
                       {"CapacityReservationIds": [CR]})  # fmt: skip
     stub.add_response("describe_instances", {"Reservations": []}, CLUSTER_NODES)
@@ -93,7 +93,7 @@ def test_the_deploy_time_check_refuses_a_block_that_does_not_fit_in_one_line(
     found: dict[str, Any], message: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     ec2, stub = client("ec2")
-    monkeypatch.setattr(handler, "check_capacity", lambda *a, **kw: [])
+    monkeypatch.setattr(checks, "check_capacity", lambda *a, **kw: [])
     stub.add_response("describe_capacity_reservations", {"CapacityReservations": [found]},
                       {"CapacityReservationIds": [CR]})  # fmt: skip
     stub.add_response("describe_instances", {"Reservations": []}, CLUSTER_NODES)

@@ -110,7 +110,7 @@ def test_the_asset_folder_runs_as_lambda_loads_it() -> None:
     script = (
         f"import json, sys; sys.path.insert(0, {str(CODE_DIR)!r}); import handler; "
         "print(json.dumps([handler.on_event({'RequestType': 'Delete', 'ResourceProperties': {'ClusterName': 'c'}}), "
-        "handler.check_capacity.__module__, 'eks_pd_serving' in sys.modules]))"
+        "handler.checks.__name__, 'eks_pd_serving' in sys.modules]))"
     )
     result = subprocess.run(
         [sys.executable, "-I", "-c", script], env=NO_AWS_ENV, capture_output=True, text=True, check=False

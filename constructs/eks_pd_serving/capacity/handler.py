@@ -8,44 +8,26 @@ import datetime
 from typing import Any
 
 if __package__:  # imported from the package (tests)
-    from .checks import (
-        GroupNeed,
-        ReservedGroup,
-        block_attributes,
-        block_times,
-        check_capacity,
-        check_reservations,
-        failures,
-        schedule_expression,
-    )
+    from . import checks
 else:  # in Lambda this folder is the code root
-    from checks import (  # type: ignore[no-redef]
-        GroupNeed,
-        ReservedGroup,
-        block_attributes,
-        block_times,
-        check_capacity,
-        check_reservations,
-        failures,
-        schedule_expression,
-    )
+    import checks  # type: ignore[no-redef]
 
 
 class CapacityCheckFailed(RuntimeError):
     """One line: every failed check with its fix."""
 
 
-def groups_from(properties: dict[str, Any]) -> list[GroupNeed]:
+def groups_from(properties: dict[str, Any]) -> list[checks.GroupNeed]:
     """CloudFormation passes every scalar of a custom resource as a string."""
     return [
-        GroupNeed(name=str(g["Name"]), instance_type=str(g["InstanceType"]), node_count=int(g["NodeCount"]))
+        checks.GroupNeed(name=str(g["Name"]), instance_type=str(g["InstanceType"]), node_count=int(g["NodeCount"]))
         for g in properties["Groups"]
     ]
 
 
-def reservations_from(properties: dict[str, Any]) -> list[ReservedGroup]:
+def reservations_from(properties: dict[str, Any]) -> list[checks.ReservedGroup]:
     return [
-        ReservedGroup(
+        checks.ReservedGroup(
             name=str(r["Name"]),
             instance_type=str(r["InstanceType"]),
             max_nodes=int(r["MaxNodes"]),
@@ -62,22 +44,23 @@ def run_checks(
 ) -> dict[str, Any]:
     """The capacity checks, then each reservation's (as preflight runs them). Returns the checks'
     summary and, for each Capacity Block group, when it scales to zero and when it is warned (the
-    schedules' expressions, ``block_attributes``)."""
+    schedules' expressions, ``checks.block_attributes``)."""
     now = now or datetime.datetime.now(datetime.UTC)
     gpu_az, cluster = str(properties["GpuAvailabilityZone"]), str(properties["ClusterName"])
-    checks = check_capacity(ec2, quotas, groups_from(properties), gpu_az, cluster_name=cluster)
-    reservation_checks, ends = check_reservations(
+    found = checks.check_capacity(ec2, quotas, groups_from(properties), gpu_az, cluster_name=cluster)
+    reservation_checks, ends = checks.check_reservations(
         ec2, reservations_from(properties), gpu_az, cluster_name=cluster, now=now
     )
-    checks += reservation_checks
-    problem = failures(checks)
+    found += reservation_checks
+    problem = checks.failures(found)
     if problem:
         raise CapacityCheckFailed(f"GPU capacity check failed: {problem}")
-    data: dict[str, Any] = {"Checks": "; ".join(f"{c.name}: {c.detail}" for c in checks)[:1000]}
+    data: dict[str, Any] = {"Checks": "; ".join(f"{c.name}: {c.detail}" for c in found)[:1000]}
     for group, end in sorted(ends.items()):
-        scale_down, warn = block_times(end, now)
-        scale_attribute, warn_attribute = block_attributes(group)
-        data[scale_attribute], data[warn_attribute] = schedule_expression(scale_down), schedule_expression(warn)
+        scale_down, warn = checks.block_times(end, now)
+        scale_attribute, warn_attribute = checks.block_attributes(group)
+        data[scale_attribute] = checks.schedule_expression(scale_down)
+        data[warn_attribute] = checks.schedule_expression(warn)
     return data
 
 
