@@ -327,3 +327,13 @@ def ec2_client_empty() -> tuple[Any, Stubber]:
     stub = Stubber(client)
     stub.activate()
     return client, stub
+
+
+def test_synth_states_that_spot_prefill_has_no_on_demand_floor_and_a_silent_block_end() -> None:
+    spot = DeploymentConfig.create(gpu_layout="per_phase", prefill_capacity="spot").warnings()
+    assert any(w.startswith("prefill_capacity=spot has no on-demand floor") for w in spot)
+    block = DeploymentConfig.create(gpu_capacity=f"capacity-block:{CR}", **AZ).warnings()
+    assert any("Capacity Block without alarm_email" in w for w in block)
+    told = DeploymentConfig.create(gpu_capacity=f"capacity-block:{CR}", alarm_email="ops@example.com", **AZ)
+    assert not any("Capacity Block" in w for w in told.warnings())
+    assert not any("spot" in w or "Capacity Block" in w for w in DeploymentConfig.create().warnings())

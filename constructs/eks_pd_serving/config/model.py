@@ -142,6 +142,20 @@ class DeploymentConfig(Settings, FieldRules):
                 "access logs for TLS listeners alone, and without tls_certificate_arn it has a TCP one. Set "
                 "tls_certificate_arn to log the endpoint's connections too."
             )
+        for group in self.gpu_groups:
+            capacity = self.capacity_of(group)
+            if capacity.kind == "spot":
+                found.append(
+                    f"{derived.capacity_setting(self, group)}=spot has no on-demand floor: one spot interruption (two "
+                    f"minutes' notice) can take every {group.name} node at once, and until EC2 has spot capacity again "
+                    f"requests wait in Serve's queue for a {group.name} replica (decode, on-demand, keeps its streams)."
+                )
+            if capacity.kind == "capacity-block" and not self.alarm_email:
+                found.append(
+                    f"{derived.capacity_setting(self, group)} is a Capacity Block without alarm_email: the warning a "
+                    "day before its end, and the scale-down an hour before it, reach only the function's log. Set "
+                    "alarm_email=<address>."
+                )
         if self.observability and not self.alarm_email:
             found.append(
                 "no alarm_email: the alarms (KvPullFailed among them) change state in CloudWatch and notify nobody. "
