@@ -70,7 +70,7 @@ rayenv: $(VENV_RAY)/.deps
 rehearse: $(VENV_REHEARSE)/.deps synth
 	$(VENV_REHEARSE)/bin/python -m rehearsal.run --template cdk.out/RayLlmPdServing.template.json
 
-# Faults under load on this CPU (a replica killed, the GCS killed): about 6 minutes, not in `make test`.
+# Faults under load on this CPU (replicas killed, the KV link cut, the GCS killed): about 9 minutes, not in `make test`.
 # The GCS store on loopback is Debian's redis-server (installed here if missing; needs root).
 rehearse-faults: $(VENV_REHEARSE)/.deps synth
 	command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server

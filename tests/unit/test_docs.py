@@ -298,3 +298,19 @@ def test_the_readmes_picture_shows_what_the_code_deploys() -> None:
         "KubeRay operator 1.7.0", "KubeRay operator 1.4.0"
     )
     assert picture_drift(stale) == ["IMDSv2 (hop 1)", "KubeRay operator 1.7.0"]
+
+
+def test_the_cli_pages_sizing_sample_is_what_the_command_prints() -> None:
+    """The sample on docs/reference/cli.md, line for line, in `python -m eks_pd_serving sizing`'s
+    output for the default settings (it drifted once: 11.73 sequences before max_num_seqs was pinned)."""
+    import subprocess
+    import sys
+
+    page = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    sample = page.split("$ .venv/bin/python -m eks_pd_serving sizing\n", 1)[1].split("```", 1)[0]
+    shown = [line for line in sample.splitlines() if line and not line.startswith("decode: ...")]
+    printed = subprocess.run(
+        [sys.executable, "-m", "eks_pd_serving", "sizing"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert len(shown) >= 5 and [line for line in shown if line not in printed] == []
+    assert "  129 blocks: capacity 48034 tokens; concurrency 11.73 sequences of 4096 tokens" not in printed  # the old

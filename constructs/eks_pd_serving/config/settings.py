@@ -16,7 +16,7 @@ from .fields import NIXL_NETWORK_BACKENDS
 DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 2
 # Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
-# a replica holds many (the default L4 engine fits 11.7 full-length sequences).
+# a replica holds many (the default L4 engine fits the concurrency `sizing` prints, about 15).
 DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
 
 
@@ -265,7 +265,7 @@ class Settings(BaseModel):
         gt=0,
         description=(
             "autoscaling only: streams in flight per decode replica that Serve scales towards; keep it below "
-            "the sizing's concurrency (11.7 full-length sequences for the default)."
+            "the sizing's concurrency (`python -m eks_pd_serving sizing` prints it)."
         ),
         json_schema_extra=_hint("a number above 0, such as 8", means=str(DEFAULT_TARGET_ONGOING_REQUESTS["decode"])),
     )
