@@ -82,7 +82,7 @@ def unexported(names: set[tuple[str, str]], catalogue: dict[str, Any]) -> list[s
     CloudWatch agent drops. Empty when every one would reach CloudWatch."""
     problems = []
     for namespace, name in sorted(names):
-        if namespace != om.NAMESPACE:
+        if namespace != om.METRIC_NAMESPACE:
             continue
         family = catalogue.get(name)
         if family is None:
@@ -199,7 +199,7 @@ def test_every_ray_metric_on_the_dashboard_is_exported_by_ray_and_imported_by_th
     observed: dict[str, Any],
 ) -> None:
     named = dashboard_metrics(_dashboard_body(observed))
-    ray_names = {name for namespace, name in named if namespace == om.NAMESPACE}
+    ray_names = {name for namespace, name in named if namespace == om.METRIC_NAMESPACE}
     assert ray_names == {m.name for m in om.RAY_METRICS}  # every charted family has a widget
     assert unexported(named, CATALOGUE) == []
     for metric in om.RAY_METRICS:
@@ -213,7 +213,10 @@ def test_every_ray_metric_on_the_dashboard_is_exported_by_ray_and_imported_by_th
 
 def test_the_check_fails_on_a_histogram_or_a_name_ray_does_not_export() -> None:
     problems = unexported(
-        {(om.NAMESPACE, "ray_vllm_time_to_first_token_seconds"), (om.NAMESPACE, "ray_vllm_num_requests_running")},
+        {
+            (om.METRIC_NAMESPACE, "ray_vllm_time_to_first_token_seconds"),
+            (om.METRIC_NAMESPACE, "ray_vllm_num_requests_running"),
+        },
         CATALOGUE,
     )
     assert problems == [
@@ -286,7 +289,7 @@ def test_the_alarms_watch_the_ucx_line_and_requests_served_without_efa_bytes(obs
     (expression,) = [m for m in efa["Metrics"] if "Expression" in m]
     assert expression["Expression"] == "IF(served > 0 AND FILL(efa, 0) == 0, 1, 0)"
     (pulls,) = [a for k, a in alarms.items() if "KvPullFailed" in k]
-    assert (pulls["MetricName"], pulls["Namespace"]) == (om.KV_FAILED_PULLS.name, om.NAMESPACE)
+    assert (pulls["MetricName"], pulls["Namespace"]) == (om.KV_FAILED_PULLS.name, om.METRIC_NAMESPACE)
     assert pulls["Dimensions"] == [{"Name": "ClusterName", "Value": "ray-llm-multinode"}]
     assert (pulls["Threshold"], pulls["EvaluationPeriods"], pulls["TreatMissingData"]) == (1, 1, "notBreaching")
     assert pulls["Statistic"] == "Sum" and "kv_pull_guard" in pulls["AlarmDescription"]

@@ -57,7 +57,21 @@ def _check_nat_gateways(config: Settings) -> None:
         )
 
 
+def _check_arn_region(config: Settings, key: str) -> None:
+    """An ARN setting's resource must be in the deployment's region (when it is known)."""
+    arn, region = getattr(config, key), config.region
+    if arn and region and arn.split(":")[3] != region:
+        raise ValueError(f"{key}={arn!r} is in {arn.split(':')[3]}, not region={region!r}. Fix: use one in {region}")
+
+
 def _check_endpoint(config: Settings) -> None:
+    if config.tls_certificate_arn and not derived.internal_endpoint(config):
+        raise ValueError(
+            f"tls_certificate_arn={config.tls_certificate_arn!r} needs the internal NLB, not "
+            f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, or drop "
+            "tls_certificate_arn"
+        )
+    _check_arn_region(config, "tls_certificate_arn")
     if config.endpoint_client_cidrs and not derived.internal_endpoint(config):
         raise ValueError(
             f"endpoint_client_cidrs={','.join(config.endpoint_client_cidrs)!r} has no effect with "
@@ -81,20 +95,7 @@ def _check_endpoint(config: Settings) -> None:
 
 
 def _check_api_keys(config: Settings) -> None:
-    internal = derived.internal_endpoint(config)
-    if config.tls_certificate_arn and not internal:
-        raise ValueError(
-            f"tls_certificate_arn={config.tls_certificate_arn!r} needs the internal NLB, not "
-            f"endpoint_exposure={config.endpoint_exposure!r}. Fix: set endpoint_exposure=internal, or drop "
-            "tls_certificate_arn"
-        )
-    region = config.region
-    for key in ("api_keys_secret_arn", "tls_certificate_arn"):
-        arn = getattr(config, key)
-        if arn and region and arn.split(":")[3] != region:
-            raise ValueError(
-                f"{key}={arn!r} is in {arn.split(':')[3]}, not region={region!r}. Fix: use one in {region}"
-            )
+    _check_arn_region(config, "api_keys_secret_arn")
     if config.api_keys_max_stale_s < 2 * config.api_keys_refresh_s:
         raise ValueError(
             f"api_keys_max_stale_s={config.api_keys_max_stale_s} is under two reads at "

@@ -9,7 +9,7 @@ from typing import Any
 from ..layout import SYSTEM_NODE_LABELS
 from .catalogue import (
     CLUSTER_SCRAPER_AGENT,
-    NAMESPACE,
+    METRIC_NAMESPACE,
     OTEL_SUFFIX,
     OTLP_METRICS,
     OTLP_SCRAPE_JOB,
@@ -168,7 +168,7 @@ def addon_configuration(*, cluster_name: str, region: str, namespace: str) -> di
                                 "cluster_name": cluster_name,
                                 "log_group_name": log_group_names(cluster_name)["prometheus"],
                                 "emf_processor": {
-                                    "metric_namespace": NAMESPACE,
+                                    "metric_namespace": METRIC_NAMESPACE,
                                     "metric_declaration": emf_declarations(),
                                 },
                             }

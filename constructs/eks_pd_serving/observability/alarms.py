@@ -100,7 +100,7 @@ def kv_path_alarms(
     :param api_keys: the proxies check API keys: also alarm when they fail to read the key secret
         (``ApiKeysUnread``). Default: off.
     """
-    namespace = f"{om.NAMESPACE}/{cluster_name}"
+    namespace = f"{om.METRIC_NAMESPACE}/{cluster_name}"
     ucx_filter, ucx_alarm = _log_line_alarm(
         scope,
         ("UcxLines", "UcxFallback"),
@@ -111,7 +111,7 @@ def kv_path_alarms(
         "UCX (TCP), not LIBFABRIC (EFA). Check the EFA device plugin and the pods' "
         "vpc.amazonaws.com/efa resources (README, Troubleshooting).",
     )
-    served = cluster_total(om.NAMESPACE, om.REQUESTS_SERVED, cluster_name, ALARM_PERIOD)
+    served = cluster_total(om.METRIC_NAMESPACE, om.REQUESTS_SERVED, cluster_name, ALARM_PERIOD)
     efa_bytes = cluster_total(om.CONTAINER_INSIGHTS, om.EFA_RX_BYTES, cluster_name, ALARM_PERIOD)
     efa_alarm = cw.Alarm(
         scope,
@@ -142,7 +142,7 @@ def kv_path_alarms(
             "without it, vLLM 0.26 answers them from KV that was never written (HTTP 200, wrong text). "
             "What to do: docs/features/failures.md."
         ),
-        metric=cluster_total(om.NAMESPACE, om.KV_FAILED_PULLS.name, cluster_name, ALARM_PERIOD),
+        metric=cluster_total(om.METRIC_NAMESPACE, om.KV_FAILED_PULLS.name, cluster_name, ALARM_PERIOD),
         threshold=1,
         evaluation_periods=1,
         comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,

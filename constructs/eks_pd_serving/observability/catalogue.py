@@ -30,7 +30,7 @@ from typing import Final
 
 ADDON_NAME: Final = "amazon-cloudwatch-observability"
 # The namespace of the metrics this stack's agent publishes from Ray's endpoint.
-NAMESPACE: Final = "EksPdServing"
+METRIC_NAMESPACE: Final = "EksPdServing"
 CONTAINER_INSIGHTS: Final = "ContainerInsights"
 # KubeRay v1.7 (ray-operator/controllers/ray/utils/constant.go): MetricsPortName, DefaultMetricsPort.
 RAY_METRICS_PORT_NAME: Final = "metrics"

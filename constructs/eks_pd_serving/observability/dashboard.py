@@ -44,7 +44,9 @@ def _ray(metric: om.RayMetric, cluster_name: str) -> cw.MathExpression:
     """One line per value of the metric's own dimensions (per deployment, per source)."""
     statistic = "Sum"  # a counter's deltas, or a gauge scraped once a period: summed over replicas
     return cw.MathExpression(
-        expression=_search(om.NAMESPACE, ("ClusterName", *metric.dimensions), metric.name, cluster_name, statistic),
+        expression=_search(
+            om.METRIC_NAMESPACE, ("ClusterName", *metric.dimensions), metric.name, cluster_name, statistic
+        ),
         using_metrics={},
         period=PERIOD,
     )
@@ -122,7 +124,7 @@ class ServingDashboard(Construct):
                 left_y_axis=cw.YAxisProps(label=unit, show_units=False, min=0),
             )
 
-        tokens = cluster_total(om.NAMESPACE, "ray_vllm_generation_tokens_total", cluster_name, PERIOD)
+        tokens = cluster_total(om.METRIC_NAMESPACE, "ray_vllm_generation_tokens_total", cluster_name, PERIOD)
         nat: list[cw.IMetric] = []
         for name in om.NAT_METRICS:
             if nat_gateway_ids:

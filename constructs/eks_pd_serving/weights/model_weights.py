@@ -40,12 +40,12 @@ CLOUDFORMATION_WAIT = Duration.hours(1)
 _OUTSIDE_VPC = "Calls only CodeBuild and S3 APIs; no ENI to release on destroy"
 
 
-MODELS = "models"
+WEIGHTS_PREFIX = "models"
 
 
 def weights_prefix(model_source: str, revision: str) -> str:
     """Where a revision lives in the bucket: one prefix per model and revision setting."""
-    return f"{MODELS}/{model_source}/{revision}"
+    return f"{WEIGHTS_PREFIX}/{model_source}/{revision}"
 
 
 # What ``cdk destroy`` does to the bucket and its key (the setting ``model_bucket_removal``).
@@ -163,7 +163,7 @@ class ModelWeights(Construct):
         project.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"],
-                resources=[self.bucket.arn_for_objects(f"{MODELS}/*")],
+                resources=[self.bucket.arn_for_objects(f"{WEIGHTS_PREFIX}/*")],
             )
         )
         # Its first call probes the .staged marker, which a first deploy lacks: without ListBucket S3
@@ -193,7 +193,9 @@ class ModelWeights(Construct):
         )
         # The job's one-line reason, when it failed.
         complete.add_to_role_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODELS}/*")])
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{WEIGHTS_PREFIX}/*")]
+            )
         )
         # A job that died before writing its reason leaves no object: 404 (its log), not 403.
         complete.add_to_role_policy(self._list_models())
@@ -272,13 +274,15 @@ class ModelWeights(Construct):
         """
         principal = grantee.grant_principal
         principal.add_to_principal_policy(
-            iam.PolicyStatement(actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{MODELS}/*")])
+            iam.PolicyStatement(
+                actions=["s3:GetObject"], resources=[self.bucket.arn_for_objects(f"{WEIGHTS_PREFIX}/*")]
+            )
         )
         principal.add_to_principal_policy(
             iam.PolicyStatement(
                 actions=["s3:ListBucket"],
                 resources=[self.bucket.bucket_arn],
-                conditions={"StringLike": {"s3:prefix": [f"{MODELS}/*", MODELS]}},
+                conditions={"StringLike": {"s3:prefix": [f"{WEIGHTS_PREFIX}/*", WEIGHTS_PREFIX]}},
             )
         )
         return self.key.grant(grantee, "kms:Decrypt")
