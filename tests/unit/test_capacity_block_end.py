@@ -62,9 +62,13 @@ def test_the_times_keep_ec2s_termination_and_a_drain_between_them() -> None:
     # that much again for the managed node group's update and its drain.
     assert (END - checks.EC2_TERMINATES_BEFORE_END) - scale_down == datetime.timedelta(minutes=30)
     assert END - warn == datetime.timedelta(days=1)
-    # A block deployed less than a day before its end: the warning goes out at once, never after.
+    # A block deployed less than a day before its end: the warning goes out an hour after the check
+    # (the schedules are created later in the same deploy), never after the scale-down.
     late = END - datetime.timedelta(hours=3)
-    assert checks.block_times(END, late)[1] == late + datetime.timedelta(minutes=5)
+    assert checks.block_times(END, late)[1] == late + datetime.timedelta(hours=1)
+    # The shortest block the check admits (RESERVATION_MARGIN) still leaves the scale-down that lead.
+    shortest = END - checks.RESERVATION_MARGIN
+    assert checks.block_times(END, shortest)[0] - shortest >= checks.SCHEDULE_LEAD
     assert checks.schedule_expression(scale_down) == "at(2026-12-06T10:30:00)"
 
 
@@ -220,3 +224,14 @@ def test_verify_says_when_the_block_group_scales_to_zero_and_fails_after_it() ->
         after.detail
     )
     assert verify.check_capacity_blocks(DeploymentConfig.create(), lambda: pytest.fail("no block, no call")) == []
+
+
+def test_a_late_warning_fires_once_and_does_not_move_itself() -> None:
+    """Deployed three hours before the end: the warning was timed an hour after the check; when it
+    fires, the end is where it was, so it warns (a re-read of its floor would move it forever)."""
+    made, stubs = clients()
+    stubs["sns"].add_response(
+        "publish", {"MessageId": "m"}, {"TopicArn": TOPIC, "Subject": f"Capacity Block {CR} ends soon", "Message": ANY}
+    )
+    said = run(block_end.WARN, END - datetime.timedelta(hours=2), stubs, made)
+    assert said.startswith(f"Capacity Block {CR} ends")

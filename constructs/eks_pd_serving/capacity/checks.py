@@ -190,6 +190,10 @@ EC2_TERMINATES_BEFORE_END = datetime.timedelta(minutes=30)
 SCALE_DOWN_BEFORE_END = datetime.timedelta(minutes=60)
 # A day's notice: time to buy an extension (PurchaseCapacityBlockExtension) or move the phase.
 WARN_BEFORE_END = datetime.timedelta(hours=24)
+# The soonest a schedule may be timed after the check that reads the block: the schedules are
+# created later in the same deploy (after the node groups, about half an hour), and a one-time
+# schedule must be created before its time. RESERVATION_MARGIN keeps the scale-down past it too.
+SCHEDULE_LEAD = datetime.timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -213,9 +217,9 @@ class ReservedGroup:
 def block_times(end: datetime.datetime, now: datetime.datetime) -> tuple[datetime.datetime, datetime.datetime]:
     """(when the group scales to zero, when the warning goes out) for a block ending at ``end``:
     ``SCALE_DOWN_BEFORE_END`` and ``WARN_BEFORE_END`` before it; a warning already due goes out
-    five minutes from ``now``, never after the scale-down."""
+    ``SCHEDULE_LEAD`` from ``now`` (the check's run), never after the scale-down."""
     scale_down = end - SCALE_DOWN_BEFORE_END
-    warn = max(end - WARN_BEFORE_END, now + datetime.timedelta(minutes=5))
+    warn = max(end - WARN_BEFORE_END, now + SCHEDULE_LEAD)
     return scale_down, min(warn, scale_down)
 
 
