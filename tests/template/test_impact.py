@@ -37,6 +37,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
              "gpu_capacity": "odcr:cr-0123456789abcdef0"},
     "block": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
               "gpu_capacity": "capacity-block:cr-0123456789abcdef0"},
+    "block_volume": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
+                     "gpu_capacity": "capacity-block:cr-0123456789abcdef0", "gpu_root_volume_gib": 300},
 }  # fmt: skip
 REBUILDS = "RayCluster config changed under recreate: the deploy rebuilds the Ray cluster"
 MANUAL = "not applied until the cluster is recreated"
@@ -243,3 +245,12 @@ def test_moving_the_gpu_group_onto_a_capacity_block_replaces_it_and_adds_its_end
     )
     back = by_type(impact(synthesized, "block", "odcr"), "AWS::Scheduler::Schedule")
     assert [s.effect.split(":")[0] for s in back] == ["Capacity Block schedule removed"] * 2
+
+
+def test_a_rolling_update_of_a_block_group_says_it_needs_the_group_at_zero(synthesized: dict[str, Path]) -> None:
+    """EKS's guide: upgrading a managed node group on a Capacity Block needs its desired size at 0
+    (a rolling update's surge node has no room in a full block)."""
+    (group,) = by_type(impact(synthesized, "block", "block_volume"), "AWS::EKS::Nodegroup")
+    assert group.action == "modify" and "set the group's desired size to 0 first" in group.effect
+    (plain,) = by_type(impact(synthesized, "base", "volume"), "AWS::EKS::Nodegroup")
+    assert "Capacity Block" not in plain.effect

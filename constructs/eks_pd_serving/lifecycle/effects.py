@@ -53,6 +53,13 @@ def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> st
     if action == "replace":
         return f"{what} replaced: a new group is created, then the old one drained and deleted; {pods}"
     rolling = [p for p in paths if p.startswith(("/LaunchTemplate", "/ReleaseVersion", "/Version", "/AmiType"))]
+    if rolling and resource.properties.get("CapacityType") == "CAPACITY_BLOCK":
+        # A rolling update launches a new node before it drains an old one; a full block has none spare.
+        return (
+            f"{what} updated on a Capacity Block: a rolling update needs a spare instance in the block, which a "
+            "full block lacks, so EKS's guide says to set the group's desired size to 0 first (the phase is down "
+            f"until it is back); {pods}"
+        )
     if rolling:
         return f"{what} updated: EKS replaces its nodes one at a time (rolling update); {pods}"
     if any(p.startswith("/ScalingConfig") for p in paths):
