@@ -110,13 +110,17 @@ class CapacityBlockEnd(Construct):
                 actions=["eks:DescribeNodegroup", "eks:UpdateNodegroupConfig"], resources=nodegroup_arns
             )
         )
-        names = [schedule_name(cluster_name, g.name, action) for g in groups for action in (WARN, SCALE_DOWN)]
+        names = {
+            (g.name, action): schedule_name(cluster_name, g.name, action)
+            for g in groups
+            for action in (WARN, SCALE_DOWN)
+        }
         self.function.add_to_role_policy(
             iam.PolicyStatement(
                 actions=["scheduler:GetSchedule", "scheduler:UpdateSchedule"],
                 resources=[
                     stack.format_arn(service="scheduler", resource="schedule", resource_name=f"{SCHEDULE_GROUP}/{n}")
-                    for n in names
+                    for n in names.values()
                 ],
             )
         )
@@ -131,7 +135,7 @@ class CapacityBlockEnd(Construct):
                 (WARN, capacity_check.warn_at(group.name)),
                 (SCALE_DOWN, capacity_check.scale_down_at(group.name)),
             ):
-                name = schedule_name(cluster_name, group.name, action)
+                name = names[(group.name, action)]
                 event = {
                     "action": action,
                     "group": group.name,

@@ -111,8 +111,6 @@ class DeploymentPlan:
     capacity_needs: tuple[GroupNeed, ...]
     #: The groups bought from a reservation (the deploy-time check reads each).
     reservations: tuple[ReservedGroup, ...]
-    #: (group name, block id) of each Capacity Block group: scaled to zero before its block ends.
-    capacity_blocks: tuple[tuple[str, str], ...]
     cluster: EksClusterProps
     gpu_node_groups: tuple[GpuNodeGroupPlan, ...]
     autoscaler_kubernetes_version: str | None
@@ -124,6 +122,11 @@ class DeploymentPlan:
     observability: ObservabilityPlan | None
     image: str
     converge: bool
+
+    @property
+    def capacity_blocks(self) -> tuple[ReservedGroup, ...]:
+        """The Capacity Block groups: each is scaled to zero before its block ends."""
+        return tuple(group for group in self.reservations if group.block)
 
 
 def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPlan:
@@ -143,9 +146,6 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         ),
         capacity_needs=tuple(group.need for group in config.gpu_groups),
         reservations=tuple(derived.reserved_groups(config)),
-        capacity_blocks=tuple(
-            (group.name, group.target) for group in derived.reserved_groups(config) if group.kind == "capacity-block"
-        ),
         cluster=cluster_props(config),
         gpu_node_groups=tuple(
             GpuNodeGroupPlan(

@@ -278,8 +278,10 @@ class PdServing(Construct):
             "CapacityBlockEnd",
             cluster_name=plan.cluster_name,
             groups=[
-                CapacityBlockGroup(name=name, reservation_id=block, nodegroup_name=nodegroups[name].nodegroup_name)
-                for name, block in plan.capacity_blocks
+                CapacityBlockGroup(
+                    name=block.name, reservation_id=block.target, nodegroup_name=nodegroups[block.name].nodegroup_name
+                )
+                for block in plan.capacity_blocks
             ],
             capacity_check=self.capacity_check,
             log_groups=self.log_groups,

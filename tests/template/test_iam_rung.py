@@ -426,3 +426,48 @@ def test_the_rung_fails_on_the_block_end_role_without_the_node_group_grant(block
     assert [str(c).split(" on ")[0] for c in denied(principal_policies(broken, role, names), calls)] == [
         "eks:DescribeNodegroup", "eks:UpdateNodegroupConfig"
     ]  # fmt: skip
+
+
+def _reservation_calls(t: dict[str, Any]) -> tuple[list[Call], str]:
+    """The deploy-time check's reservation reads (DescribeCapacityReservations, then the cluster's own
+    nodes in it), recorded on a stubbed EC2 client; and the check's role in ``t``."""
+    import datetime
+
+    from botocore.stub import Stubber
+
+    from eks_pd_serving.capacity import checks
+
+    recorder = Recorder()
+    ec2 = boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(record(ec2, recorder))
+    end = datetime.datetime(2026, 12, 6, 11, 30, tzinfo=datetime.UTC)
+    block = {"CapacityReservationId": "cr-0123456789abcdef0", "InstanceType": "g6.8xlarge", "State": "active",
+             "AvailabilityZone": "us-east-1a", "AvailableInstanceCount": 2, "EndDate": end}  # fmt: skip
+    stub.add_response("describe_capacity_reservations", {"CapacityReservations": [block]})
+    stub.add_response("describe_instances", {"Reservations": []})
+    group = checks.ReservedGroup("gpu", "g6.8xlarge", 2, "capacity-block", "cr-0123456789abcdef0", "gpu_capacity")
+    with stub:
+        found, _ = checks.check_reservations(
+            ec2, [group], "us-east-1a", cluster_name="ray-llm-multinode", now=end - datetime.timedelta(days=2)
+        )
+    assert [c.passed for c in found] == [True]
+    (role,) = [k for k, r in t["Resources"].items() if k.startswith("PdServingGpuCapacityCheckFunctionServiceRole")
+               and r["Type"] == "AWS::IAM::Role"]  # fmt: skip
+    return recorder.calls, role
+
+
+def test_the_capacity_checks_role_allows_its_reservation_reads(blocked: dict[str, Any]) -> None:
+    calls, role = _reservation_calls(blocked)
+    assert {c.action for c in calls} == {"ec2:DescribeCapacityReservations", "ec2:DescribeInstances"}
+    assert denied(principal_policies(blocked, role, {}), calls) == []
+
+
+def test_the_rung_fails_on_the_check_without_the_reservation_grant(
+    blocked: dict[str, Any], synthesized: dict[str, Any]
+) -> None:
+    """The default template's check has no DescribeCapacityReservations (none is reserved): the same
+    reads are denied there, so the grant the block's template adds is what allows them."""
+    calls, role = _reservation_calls(synthesized)
+    assert [str(c).split(" on ")[0] for c in denied(principal_policies(synthesized, role, {}), calls)] == [
+        "ec2:DescribeCapacityReservations"
+    ]

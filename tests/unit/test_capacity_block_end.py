@@ -192,7 +192,7 @@ def test_the_block_end_code_runs_as_lambda_loads_it() -> None:
     """Lambda imports block_end.py as a top-level module from the asset root (checks beside it)."""
     script = (
         f"import json, sys; sys.path.insert(0, {str(CODE_DIR)!r}); import block_end; "
-        "print(json.dumps([block_end.block_times.__module__, 'eks_pd_serving' in sys.modules]))"
+        "print(json.dumps([block_end.schedule_expression.__module__, 'eks_pd_serving' in sys.modules]))"
     )
     result = subprocess.run([sys.executable, "-I", "-c", script], env=NO_AWS_ENV, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -14,9 +14,9 @@ import json
 from typing import Any
 
 if __package__:  # imported from the package (tests)
-    from .checks import SCALE_DOWN_BEFORE_END, WARN_BEFORE_END, block_times, schedule_expression
+    from .checks import SCALE_DOWN_BEFORE_END, WARN_BEFORE_END, schedule_expression
 else:  # in Lambda this folder is the code root
-    from checks import SCALE_DOWN_BEFORE_END, WARN_BEFORE_END, block_times, schedule_expression  # type: ignore[no-redef]
+    from checks import SCALE_DOWN_BEFORE_END, WARN_BEFORE_END, schedule_expression  # type: ignore[no-redef]
 
 # A schedule that fires more than this before its (re-read) time was moved by an extension.
 MOVED = datetime.timedelta(minutes=10)
@@ -39,9 +39,10 @@ def on_schedule(
     rid, group, action = event["reservation"], event["group"], event["action"]
     (found,) = clients["ec2"].describe_capacity_reservations(CapacityReservationIds=[rid])["CapacityReservations"]
     end = found["EndDate"]
-    scale_down, _ = block_times(end, now)
-    # Its time as the block's end sets it (not the deploy's floor, which is always ahead of now).
-    due = end - (SCALE_DOWN_BEFORE_END if action == SCALE_DOWN else WARN_BEFORE_END)
+    scale_down = end - SCALE_DOWN_BEFORE_END
+    # Its time as the block's end sets it (not the deploy's floor for a late warning, which
+    # block_times applies and which is always ahead of now).
+    due = scale_down if action == SCALE_DOWN else end - WARN_BEFORE_END
     if due - now > MOVED:
         _move(clients["scheduler"], event["schedule"], event["schedule_group"], due)
         return _said(f"{rid} now ends {end.isoformat()}: the {action} of {group} moved to {due.isoformat()}")

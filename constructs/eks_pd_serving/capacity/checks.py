@@ -187,7 +187,8 @@ RESERVATION_MARGIN = datetime.timedelta(hours=2)
 # scale-in (the Serve replicas stop, requests in flight end), which the managed node group's
 # update and the drain must finish before EC2 starts terminating.
 EC2_TERMINATES_BEFORE_END = datetime.timedelta(minutes=30)
-SCALE_DOWN_BEFORE_END = datetime.timedelta(minutes=60)
+DRAIN_BUDGET = datetime.timedelta(minutes=30)
+SCALE_DOWN_BEFORE_END = EC2_TERMINATES_BEFORE_END + DRAIN_BUDGET
 # A day's notice: time to buy an extension (PurchaseCapacityBlockExtension) or move the phase.
 WARN_BEFORE_END = datetime.timedelta(hours=24)
 # The soonest a schedule may be timed after the check that reads the block: the schedules are
@@ -212,6 +213,11 @@ class ReservedGroup:
     @property
     def reservation_id(self) -> str | None:
         return self.target if self.kind in ("odcr", "capacity-block") else None
+
+    @property
+    def block(self) -> bool:
+        """A Capacity Block: it ends on a date, and its group is scaled to zero before then."""
+        return self.kind == "capacity-block"
 
 
 def block_times(end: datetime.datetime, now: datetime.datetime) -> tuple[datetime.datetime, datetime.datetime]:
@@ -278,7 +284,7 @@ def check_reservations(
             )
             checks.append(Check(name, False, detail))
             continue
-        if group.kind == "capacity-block" and end is not None:
+        if group.block and end is not None:
             ends[group.name] = end
         until = f", until {end.isoformat()}" if end is not None else ""
         available = int(found.get("AvailableInstanceCount", 0))

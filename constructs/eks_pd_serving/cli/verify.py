@@ -193,7 +193,7 @@ def check_capacity_blocks(settings: Any, ec2: Callable[[], Any], now: datetime.d
     """Each Capacity Block group's block: when it ends, when the group scales to zero and when the
     warning goes out (``capacity.checks.block_times``, as the schedules have them). Fails once the
     scale-down time has passed (the phase has no nodes until a deploy moves it to another option)."""
-    blocks = [g for g in derived.reserved_groups(settings) if g.kind == "capacity-block"]
+    blocks = [g for g in derived.reserved_groups(settings) if g.block]
     if not blocks:
         return []
     import botocore.exceptions
