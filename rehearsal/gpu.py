@@ -85,9 +85,8 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
         log(f"== one GPU: prefill and decode share it, {gpu_profile.SHARED_GPU_UTILIZATION} of its memory each")
     report: dict[str, Any] = {"host": vars(host), "deployed": deployed, "rehearsed": rehearsed, "env": env}
     control = profile.colocated_control(rehearsed, placement=None)
-    return harness.rehearse_and_judge(
-        report, env, args.timeout_s, model_id, started, args.report, control=control, strict=False
-    )
+    run = harness.Rehearsal(rehearsed, env, model_id, args.timeout_s, started, control=control)
+    return harness.rehearse_and_judge(report, run, args.report, strict=False)
 
 
 def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:

@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -151,18 +151,26 @@ def undeploy(serve_config: dict[str, Any]) -> None:
         serve.delete(app["name"])
 
 
-def rehearse_both(
-    rehearsed: dict[str, Any],
-    env: dict[str, str],
-    timeout_s: float,
-    model_id: str,
-    started: float,
-    control: dict[str, Any] | None = None,
-    keys: api_keys.LocalKeys | None = None,
-) -> dict[str, Any]:
-    """The PD application (and its scale-up, when decode autoscales), then ``control`` (default:
-    one colocated engine with no connector), in one Ray session. With ``keys``, every Serve proxy
-    checks API keys and every probe sends the key; the check itself is probed on the PD app."""
+@dataclass(frozen=True)
+class Rehearsal:
+    """One rehearsal: the serve config to run, the workers' environment, the model id clients ask
+    for, how long a deploy may take, and when the command started (``time.monotonic()``).
+    ``control``: the application compared with it (default: one colocated engine with no
+    connector). ``keys``: every Serve proxy checks API keys and every probe sends the key."""
+
+    rehearsed: dict[str, Any]
+    env: dict[str, str]
+    model_id: str
+    timeout_s: float
+    started: float
+    control: dict[str, Any] | None = None
+    keys: api_keys.LocalKeys | None = None
+
+
+def rehearse_both(run: Rehearsal) -> dict[str, Any]:
+    """The PD application (and its scale-up, when decode autoscales), then the control, in one Ray
+    session. With keys, the check itself is probed on the PD app."""
+    rehearsed, keys, model_id = run.rehearsed, run.keys, run.model_id
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(
         f"http://127.0.0.1:{http_port}",
@@ -172,17 +180,17 @@ def rehearse_both(
     )
     report: dict[str, Any] = {}
     used: list[str] = []
-    control = control or profile.colocated_control(rehearsed)
+    control = run.control or profile.colocated_control(rehearsed)
     with local_ray(
-        profile.merged_env(env, keys.env if keys else {}), metrics_port, profile.custom_resources(rehearsed)
+        profile.merged_env(run.env, keys.env if keys else {}), metrics_port, profile.custom_resources(rehearsed)
     ) as run_id:
         # Built first, with Ray up (building can start a Ray of its own otherwise): a broken
         # config fails before anything deploys.
         phases = [("pd", rehearsed, build(rehearsed)), ("colocated", control, build(control))]
         for name, config, built in phases:
             log(f"== {name}: deploying")
-            ready_s = deploy(built, http_port, timeout_s)
-            since_start = time.monotonic() - started
+            ready_s = deploy(built, http_port, run.timeout_s)
+            since_start = time.monotonic() - run.started
             log(f"== {name}: healthy after {ready_s:.1f} s ({since_start:.1f} s since start)")
             report[name] = run_probes(endpoint, PROMPTS)
             report[name].update(ready_s=ready_s, ready_from_start_s=since_start)
@@ -226,35 +234,21 @@ def recorded(report: dict[str, Any], report_file: Path, action: Callable[[], dic
     return None
 
 
-def rehearse_and_judge(
-    report: dict[str, Any],
-    env: dict[str, str],
-    timeout_s: float,
-    model_id: str,
-    started: float,
-    report_file: Path,
-    control: dict[str, Any] | None = None,
-    strict: bool = True,
-    keys: api_keys.LocalKeys | None = None,
-) -> int:
-    """rehearse_both on ``report["rehearsed"]``, the report written whatever happens, the
-    verdict printed; the exit status (0 pass, 1 fail, 130 interrupted)."""
-    failed = recorded(
-        report,
-        report_file,
-        lambda: rehearse_both(report["rehearsed"], env, timeout_s, model_id, started, control=control, keys=keys),
-    )
+def rehearse_and_judge(report: dict[str, Any], run: Rehearsal, report_file: Path, strict: bool = True) -> int:
+    """rehearse_both, the report written whatever happens, the verdict printed; the exit status
+    (0 pass, 1 fail, 130 interrupted)."""
+    failed = recorded(report, report_file, lambda: rehearse_both(run))
     if failed is not None:
         return failed
     ok, lines = verdict.judge(report, strict=strict)
-    if keys:
+    if run.keys:
         keyed, key_lines = api_keys.judge(report["api_keys"])
         ok, lines = ok and keyed, lines + key_lines
-    scaling = autoscale.decode_scaling(report["rehearsed"])
+    scaling = autoscale.decode_scaling(run.rehearsed)
     if scaling:
         scaled, scale_lines = autoscale.judge(report["autoscale"], scaling)
         ok, lines = ok and scaled, lines + scale_lines
     for line in lines:
         log(line)
-    log(f"total {time.monotonic() - started:.1f} s; report in {report_file}")
+    log(f"total {time.monotonic() - run.started:.1f} s; report in {report_file}")
     return 0 if ok else 1

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from . import api_keys, profile, s3_weights, tiny_checkpoint
-from .harness import LOCAL_ENV, free_port, log, rehearse_and_judge
+from .harness import LOCAL_ENV, Rehearsal, free_port, log, rehearse_and_judge
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,7 +75,8 @@ def _rehearse(
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
-    status = rehearse_and_judge(report, env, args.timeout_s, model_id, started, args.report, keys=keys)
+    run = Rehearsal(rehearsed, env, model_id, args.timeout_s, started, keys=keys)
+    status = rehearse_and_judge(report, run, args.report)
     if weights is None or args.serve_config:
         return status
     # Proof of the S3 path: Ray's mirror wrote this run's snapshot (a fresh hash, a cache of the

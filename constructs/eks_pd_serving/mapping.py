@@ -14,30 +14,13 @@ from typing import Any
 from aws_cdk import Aws, Token
 from aws_cdk import aws_ec2 as ec2
 
-from . import versions
+from . import k8s, versions
 from .capacity.checks import GroupNeed, ReservedGroup
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import ConfigError, DeploymentConfig, derived
 from .endpoint import proxy
 from .fault_tolerance import auth, kv_guard
-from .k8s import (
-    ApiKeysSpec,
-    EndpointServiceProps,
-    EngineSpec,
-    GcsFaultToleranceSpec,
-    InitProgram,
-    KvGuardSpec,
-    KvTransferSpec,
-    ModelSpec,
-    PodProgram,
-    PodResources,
-    ProxyHook,
-    RayAutoscalerSpec,
-    RayServiceProps,
-    ReplicaAutoscaling,
-    WorkerGroupSpec,
-)
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
 from .weights.model_weights import Removal
@@ -207,7 +190,7 @@ class EndpointPlan:
     Service's props (None with port-forward)."""
 
     policy_cidrs: tuple[str, ...]
-    service: EndpointServiceProps | None
+    service: k8s.EndpointServiceProps | None
 
 
 def endpoint_plan(
@@ -233,7 +216,7 @@ def endpoint_plan(
         )
     return EndpointPlan(
         policy_cidrs=policy_cidrs,
-        service=EndpointServiceProps(
+        service=k8s.EndpointServiceProps(
             name=service_name,
             namespace=namespace,
             subnet_ids=tuple(subnet.subnet_id for subnet in private_subnets),
@@ -290,14 +273,14 @@ def cluster_props(config: DeploymentConfig) -> EksClusterProps:
 _NODE_RESERVED_VCPUS = 4
 _NODE_MEMORY_FRACTION = 0.8
 _MAX_SHM_GIB = 32
-HEAD = PodResources(cpu=RAY_HEAD_CPU_M // 1000, memory_gib=8, shm_gib=2)
+HEAD = k8s.PodResources(cpu=RAY_HEAD_CPU_M // 1000, memory_gib=8, shm_gib=2)
 
 
-def worker_resources(instance: InstanceFacts) -> PodResources:
+def worker_resources(instance: InstanceFacts) -> k8s.PodResources:
     """One Ray worker pod takes a whole GPU node: every GPU and EFA interface, most CPU and
     memory. The large memory limit lets the page cache keep the checkpoint across restarts."""
     memory_gib = int(instance.memory_gib * _NODE_MEMORY_FRACTION)
-    return PodResources(
+    return k8s.PodResources(
         cpu=instance.vcpus - _NODE_RESERVED_VCPUS,
         memory_gib=memory_gib,
         gpus=instance.gpus,
@@ -306,9 +289,9 @@ def worker_resources(instance: InstanceFacts) -> PodResources:
     )
 
 
-def worker_group(group: GpuGroup) -> WorkerGroupSpec:
+def worker_group(group: GpuGroup) -> k8s.WorkerGroupSpec:
     resource = group.placement_resource
-    return WorkerGroupSpec(
+    return k8s.WorkerGroupSpec(
         name=group.worker_group_name,
         replicas=group.node_count,
         resources=worker_resources(group.instance),
@@ -318,11 +301,11 @@ def worker_group(group: GpuGroup) -> WorkerGroupSpec:
     )
 
 
-def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
+def _engine(config: DeploymentConfig, phase: str) -> k8s.EngineSpec:
     low, high = config.replica_bounds(phase)
     settings = config.phase(phase)
     sizing = config.sizing(phase)
-    return EngineSpec(
+    return k8s.EngineSpec(
         replicas=settings.replicas,
         tensor_parallel_size=settings.tensor_parallel_size,
         enforce_eager=settings.enforce_eager,
@@ -331,7 +314,7 @@ def _engine(config: DeploymentConfig, phase: str) -> EngineSpec:
         max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
         quantization=None if config.quantization == "none" else config.quantization,
         placement_resource=config.gpu_group(phase).placement_resource,
-        autoscaling=ReplicaAutoscaling(low, high, config.target_ongoing_requests(phase))
+        autoscaling=k8s.ReplicaAutoscaling(low, high, config.target_ongoing_requests(phase))
         if config.autoscaling
         else None,
     )
@@ -349,10 +332,10 @@ def kv_load_failure_policy(facts: ModelFacts | None) -> str:
     return "recompute" if facts is not None and facts.architecture == HYBRID else "fail"
 
 
-def kv_guard_spec(config: DeploymentConfig) -> KvGuardSpec | None:
+def kv_guard_spec(config: DeploymentConfig) -> k8s.KvGuardSpec | None:
     if config.kv_pull_guard == "off":
         return None
-    return KvGuardSpec(
+    return k8s.KvGuardSpec(
         mode=config.kv_pull_guard,
         engine_cls=kv_guard.engine_cls(),
         engine_cls_env=kv_guard.ENGINE_CLS_ENV,
@@ -368,10 +351,10 @@ KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
 
 
-def api_keys_hook(config: DeploymentConfig) -> ProxyHook:
+def api_keys_hook(config: DeploymentConfig) -> k8s.ProxyHook:
     """The key check's code and names, shipped in every configuration (the ConfigMap stays when keys
     go off: a RayCluster built with them still mounts it)."""
-    return ProxyHook(
+    return k8s.ProxyHook(
         program=_pod_program(f"{config.ray_service_name}-api-keys-code", proxy, API_KEYS_CODE),
         callback_env=proxy.CALLBACK_ENV,
         callback=proxy.CALLBACK,
@@ -381,8 +364,8 @@ def api_keys_hook(config: DeploymentConfig) -> ProxyHook:
     )
 
 
-def gcs_auth() -> InitProgram:
-    return InitProgram(
+def gcs_auth() -> k8s.InitProgram:
+    return k8s.InitProgram(
         container=GCS_AUTH_CONTAINER,
         source=auth.source(),
         digest=auth.source_digest(),
@@ -396,15 +379,15 @@ def gcs_auth() -> InitProgram:
     )
 
 
-def kv_guard_program(config: DeploymentConfig) -> PodProgram:
-    """The guard's code, shipped in every configuration (``RayServiceProps.kv_guard_program``)."""
+def kv_guard_program(config: DeploymentConfig) -> k8s.PodProgram:
+    """The guard's code, shipped in every configuration (``k8s.RayServiceProps.kv_guard_program``)."""
     return _pod_program(f"{config.ray_service_name}-kv-guard-code", kv_guard, KV_GUARD_CODE)
 
 
-def _pod_program(config_map: str, code: Any, annotation: str) -> PodProgram:
+def _pod_program(config_map: str, code: Any, annotation: str) -> k8s.PodProgram:
     """``code``: a pod program's package (``endpoint.proxy``, ``fault_tolerance.kv_guard``): its
     ``FILE_NAME``, ``MOUNT_PATH``, ``source()`` and ``source_digest()``."""
-    return PodProgram(
+    return k8s.PodProgram(
         config_map=config_map,
         file_name=code.FILE_NAME,
         source=code.source(),
@@ -428,10 +411,10 @@ def head_service_account(config: DeploymentConfig) -> str:
     return f"{config.ray_service_name}-head"
 
 
-def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> ApiKeysSpec | None:
+def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> k8s.ApiKeysSpec | None:
     if secret_arn is None:
         return None
-    return ApiKeysSpec(
+    return k8s.ApiKeysSpec(
         secret_arn=secret_arn, refresh_s=config.api_keys_refresh_s, max_stale_s=config.api_keys_max_stale_s
     )
 
@@ -441,8 +424,8 @@ def ray_service_props(
     image: str,
     weights_uri: str | None = None,
     api_keys_secret_arn: str | None = None,
-    gcs_fault_tolerance: GcsFaultToleranceSpec | None = None,
-) -> RayServiceProps:
+    gcs_fault_tolerance: k8s.GcsFaultToleranceSpec | None = None,
+) -> k8s.RayServiceProps:
     """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
     through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself.
     ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check.
@@ -450,12 +433,12 @@ def ray_service_props(
     facts = config.model_facts
     api_keys = api_keys_spec(config, api_keys_secret_arn)
     aws_calls = bool(weights_uri or api_keys)
-    return RayServiceProps(
+    return k8s.RayServiceProps(
         name=config.ray_service_name,
         namespace=config.namespace,
         image=image,
         ray_version=versions.RAY_VERSION,
-        model=ModelSpec(
+        model=k8s.ModelSpec(
             model_id=config.model_id,
             model_source=weights_uri or config.model_source,
             max_model_len=config.max_model_len,
@@ -465,7 +448,7 @@ def ray_service_props(
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),
-        kv=KvTransferSpec(
+        kv=k8s.KvTransferSpec(
             backend=config.kv_backend,
             buffer_device=config.kv_buffer_device,
             load_failure_policy=kv_load_failure_policy(facts),
@@ -476,7 +459,7 @@ def ray_service_props(
         system_node_selector=dict(SYSTEM_NODE_LABELS),
         # KubeRay's None under recreate too: the rollout Job rebuilds the cluster (ray_service.py).
         upgrade_strategy="NewCluster" if config.ray_upgrade_strategy == "NewCluster" else "None",
-        autoscaler=RayAutoscalerSpec() if config.autoscaling else None,
+        autoscaler=k8s.RayAutoscalerSpec() if config.autoscaling else None,
         head_service_account=head_service_account(config),
         worker_service_account=worker_service_account(config),
         aws_region=region(config) if aws_calls else None,

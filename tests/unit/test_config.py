@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +11,9 @@ import pytest
 from support import DENSE, P5_CLASS
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.config.phases import PhaseSettings, phase_settings
+from eks_pd_serving.config.settings import Settings
+from eks_pd_serving.layout import PHASES
 
 
 def test_defaults_reproduce_the_reference_walkthrough() -> None:
@@ -310,3 +315,19 @@ def test_a_gated_model_without_a_token_is_refused(settings: dict[str, str], fix:
         DeploymentConfig.create(**without, **settings)
     with pytest.raises(ConfigError, match="is gated"):
         DeploymentConfig.create(**P5_CLASS, weights_source="huggingface")
+
+
+def test_each_phase_field_is_the_setting_of_that_name_and_type() -> None:
+    """``phase_settings`` builds ``<phase>_<field>`` names: each must be a setting of the field's type."""
+    settings_types = typing.get_type_hints(Settings)
+    phase_types = typing.get_type_hints(PhaseSettings)
+    config = DeploymentConfig()
+    for phase in PHASES:
+        for field in dataclasses.fields(PhaseSettings):
+            if field.name == "phase":
+                continue
+            name = f"{phase}_{field.name}"
+            assert settings_types.get(name) == phase_types[field.name], name
+            assert getattr(phase_settings(config, phase), field.name) == getattr(config, name)
+    with pytest.raises(ValueError, match="unknown phase 'both'"):
+        phase_settings(config, "both")

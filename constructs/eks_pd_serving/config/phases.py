@@ -1,11 +1,12 @@
 """One typed view of a phase's settings: the settings are flat (``prefill_replicas``,
 ``decode_replicas``, ...) because CDK context is; code asks ``phase_settings(config, "decode")``
-instead of building attribute names from strings."""
+instead of building attribute names from strings: that happens once, here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
+from ..layout import PHASES
 from .settings import Settings
 
 
@@ -27,22 +28,9 @@ class PhaseSettings:
 
 
 def phase_settings(settings: Settings, phase: str) -> PhaseSettings:
-    """The settings of ``phase`` (``prefill`` or ``decode``)."""
-    s = settings
-    if phase == "prefill":
-        return PhaseSettings(
-            phase, s.prefill_replicas, s.prefill_min_replicas, s.prefill_max_replicas,
-            s.prefill_target_ongoing_requests, s.prefill_tensor_parallel_size, s.prefill_enforce_eager,
-            s.prefill_max_num_seqs,
-            s.prefill_gpu_instance_type, s.prefill_gpu_node_count, s.prefill_gpu_min_node_count,
-            s.prefill_gpu_max_node_count,
-        )  # fmt: skip
-    if phase == "decode":
-        return PhaseSettings(
-            phase, s.decode_replicas, s.decode_min_replicas, s.decode_max_replicas,
-            s.decode_target_ongoing_requests, s.decode_tensor_parallel_size, s.decode_enforce_eager,
-            s.decode_max_num_seqs,
-            s.decode_gpu_instance_type, s.decode_gpu_node_count, s.decode_gpu_min_node_count,
-            s.decode_gpu_max_node_count,
-        )  # fmt: skip
-    raise ValueError(f"unknown phase {phase!r}")
+    """The settings of ``phase`` (``prefill`` or ``decode``): each field is the setting
+    ``<phase>_<field>``, the one place such a name is built (a test holds the names and types)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r}")
+    names = [field.name for field in fields(PhaseSettings) if field.name != "phase"]
+    return PhaseSettings(phase, **{name: getattr(settings, f"{phase}_{name}") for name in names})

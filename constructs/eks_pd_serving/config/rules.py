@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from .. import versions
 from ..catalog import GATED, INSTANCE_TYPES, MODELS
-from ..layout import PHASES, RAY_HEAD_CPU_M
+from ..layout import PHASES, RAY_HEAD_CPU_M, GpuGroup
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
 from ..sizing import GIB, IMAGE_DISK_GIB, checkpoint_bytes, root_volume_needed_gib
 from . import derived
@@ -234,36 +234,52 @@ def _check_autoscaling(config: Settings) -> None:
                     f"Fix: remove {key}, or set gpu_layout=per_phase"
                 )
     for phase in PHASES:
-        low, high = derived.replica_bounds(config, phase)
-        if low > high:
-            raise ValueError(
-                f"{_shown(config, f'{phase}_min_replicas', low)} exceeds "
-                f"{_shown(config, f'{phase}_max_replicas', high)}. Fix: set {phase}_min_replicas at most "
-                f"{phase}_max_replicas"
-            )
+        _check_bounds(config, (f"{phase}_min_replicas", f"{phase}_max_replicas"), derived.replica_bounds(config, phase))
     for group in derived.gpu_groups(config):
-        low_key, high_key = derived.bound_settings(group)
-        low, high = group.min_node_count, group.max_node_count
-        if low > high:
-            raise ValueError(
-                f"{_shown(config, low_key, low)} exceeds {_shown(config, high_key, high)}. "
-                f"Fix: set {low_key} at most {high_key}"
-            )
-        per_node = group.instance.gpus
-        for bound, (key, nodes, word) in enumerate(((low_key, low, "fewest"), (high_key, high, "most"))):
-            wanted = sum(derived.gpus_for(config, p, bound) for p in group.phases)
-            if wanted > nodes * per_node:
-                end = "min" if bound == 0 else "max"
-                asked = " + ".join(
-                    f"{_shown(config, f'{p}_{end}_replicas', derived.replica_bounds(config, p)[bound])} x "
-                    f"{p}_tensor_parallel_size={phase_settings(config, p).tensor_parallel_size}"
-                    for p in group.phases
-                )
-                raise ValueError(
-                    f"{asked} needs {wanted} GPUs at the {word} replicas, but {_shown(config, key, nodes)} x "
-                    f"{group.instance_type} has {nodes * per_node}. Fix: raise {key} to "
-                    f"{-(-wanted // per_node)} or lower {' and '.join(f'{p}_{end}_replicas' for p in group.phases)}"
-                )
+        _check_bounds(config, derived.bound_settings(group), (group.min_node_count, group.max_node_count))
+        for bound in (0, 1):
+            if error := _gpu_shortfall(config, group, bound):
+                raise error
+
+
+def _check_bounds(config: Settings, keys: tuple[str, str], bounds: tuple[int, int]) -> None:
+    """A lower bound (``keys[0]``, given or default) above its upper bound is refused."""
+    (low_key, high_key), (low, high) = keys, bounds
+    if low > high:
+        raise ValueError(
+            f"{_shown(config, low_key, low)} exceeds {_shown(config, high_key, high)}. "
+            f"Fix: set {low_key} at most {high_key}"
+        )
+
+
+def _gpu_shortfall(config: Settings, group: GpuGroup, bound: int | None = None) -> ValueError | None:
+    """The one message for a group whose nodes have fewer GPUs than its phases ask, or None when
+    they fit: a fixed group (``bound`` None) at its node count, an autoscaled one at its fewest
+    (``bound`` 0) or most (1) nodes and replicas."""
+    if bound is None:
+        key, nodes = derived.count_setting(group), group.node_count
+        shown, at, lower = f"{key}={nodes}", "", "replicas"
+        replicas = [f"{p}_replicas={phase_settings(config, p).replicas}" for p in group.phases]
+    else:
+        end = ("min", "max")[bound]
+        key, nodes = derived.bound_settings(group)[bound], (group.min_node_count, group.max_node_count)[bound]
+        shown, at = _shown(config, key, nodes), f" at the {('fewest', 'most')[bound]} replicas"
+        lower = " and ".join(f"{p}_{end}_replicas" for p in group.phases)
+        replicas = [
+            _shown(config, f"{p}_{end}_replicas", derived.replica_bounds(config, p)[bound]) for p in group.phases
+        ]
+    wanted = sum(derived.gpus_for(config, p, bound or 0) for p in group.phases)
+    per_node = group.instance.gpus
+    if wanted <= nodes * per_node:
+        return None
+    asked = " + ".join(
+        f"{phase_replicas} x {p}_tensor_parallel_size={phase_settings(config, p).tensor_parallel_size}"
+        for phase_replicas, p in zip(replicas, group.phases, strict=True)
+    )
+    return ValueError(
+        f"{asked} needs {wanted} GPUs{at}, but {shown} x {group.instance_type} has {nodes * per_node}. "
+        f"Fix: raise {key} to {-(-wanted // per_node)} or lower {lower}"
+    )
 
 
 def _check_gpus(config: Settings) -> None:
@@ -289,20 +305,8 @@ def _check_gpus(config: Settings) -> None:
     for group in derived.gpu_groups(config):
         if group.autoscaled:  # judged against its bounds in _check_autoscaling
             continue
-        per_node = group.instance.gpus
-        wanted = sum(derived.gpus_for(config, phase) for phase in group.phases)
-        have = per_node * group.node_count
-        if wanted > have:
-            asked = " + ".join(
-                f"{p}_replicas={phase_settings(config, p).replicas} x {p}_tensor_parallel_size="
-                f"{phase_settings(config, p).tensor_parallel_size}"
-                for p in group.phases
-            )
-            raise ValueError(
-                f"{asked} needs {wanted} GPUs, but {derived.count_setting(group)}={group.node_count} x "
-                f"{group.instance_type} has {have}. Fix: raise {derived.count_setting(group)} to "
-                f"{-(-wanted // per_node)} or lower replicas"
-            )
+        if error := _gpu_shortfall(config, group):
+            raise error
 
 
 def _check_model(config: Settings) -> None:
