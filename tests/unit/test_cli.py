@@ -64,6 +64,20 @@ def test_sizing_prints_what_each_engine_choice_gives() -> None:
     assert "an estimate" in result.stdout
 
 
+@pytest.mark.parametrize(
+    "settings", [{}, {"decode_max_num_seqs": 8}, {"quantization": "fp8", "decode_enforce_eager": False}]
+)
+def test_the_configured_engine_choice_is_the_synth_gates_figures(settings: dict[str, Any]) -> None:
+    """The what-if row marked configured must be what the gate sized (it once left out
+    decode_max_num_seqs: 15 sequences shown where 8 were configured)."""
+    from eks_pd_serving.cli.sizing_cmd import engine_choices
+
+    config = DeploymentConfig.from_context(settings)
+    facts = MODELS[config.model_source]
+    (chosen,) = [sizing for _, configured, sizing in engine_choices(config, facts) if configured]
+    assert chosen == config.sizing("decode", facts)
+
+
 def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:
     big = {"num_hidden_layers": 80, "hidden_size": 8192, "num_attention_heads": 64, "num_key_value_heads": 8,
            "intermediate_size": 28672, "vocab_size": 128256, "max_position_embeddings": 131072}  # fmt: skip

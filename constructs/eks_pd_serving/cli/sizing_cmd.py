@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
-from ..sizing import GIB, QUANTIZATIONS, Sizing, size
+from ..sizing import GIB, QUANTIZATIONS, Sizing
 from ._common import add_config_arguments, console, load_config, table
 from .cost import PRICES
 
@@ -96,16 +96,13 @@ def cold_start(config: DeploymentConfig, facts: ModelFacts) -> list[str]:
 
 
 def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[str, bool, Sizing]]:
-    """(label, configured?, decode's sizing) for each weight format and graph mode on decode's GPU."""
-    group = config.gpu_group("decode")
+    """(label, configured?, decode's sizing) for each weight format and graph mode on decode's GPU:
+    the configured row is the synth gate's figures (``config.sizing``)."""
     found = []
     for quantization in QUANTIZATIONS:
         for eager in (True, False):
-            sizing = size(
-                facts, group.instance, dtype=config.dtype, tensor_parallel_size=config.decode_tensor_parallel_size,
-                gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
-                multimodal=config.multimodal, quantization=quantization, enforce_eager=eager,
-            )  # fmt: skip
+            sizing = config.sizing("decode", facts, quantization=quantization, enforce_eager=eager)
+            assert sizing is not None  # facts given
             label = f"{'bf16' if quantization == 'none' else quantization}, {'eager' if eager else 'CUDA graphs'}"
             found.append((label, (quantization, eager) == (config.quantization, config.decode_enforce_eager), sizing))
     return found

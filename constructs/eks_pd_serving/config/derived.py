@@ -163,9 +163,17 @@ def bound_settings(group: GpuGroup) -> tuple[str, str]:
     return f"{prefix}_min_node_count", f"{prefix}_max_node_count"
 
 
-def sizing(s: Settings, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
+def sizing(
+    s: Settings,
+    phase: str,
+    facts: ModelFacts | None = None,
+    *,
+    quantization: str | None = None,
+    enforce_eager: bool | None = None,
+) -> Sizing | None:
     """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's entry of
-    the model; None for a model in neither."""
+    the model; None for a model in neither. ``quantization`` and ``enforce_eager`` replace the
+    configured ones (``sizing --what-if``'s other rows)."""
     facts = facts or model_facts(s)
     if facts is None:
         return None
@@ -178,8 +186,8 @@ def sizing(s: Settings, phase: str, facts: ModelFacts | None = None) -> Sizing |
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_model_len=s.max_model_len,
         multimodal=s.multimodal,
-        quantization=s.quantization,
-        enforce_eager=p.enforce_eager,
+        quantization=s.quantization if quantization is None else quantization,
+        enforce_eager=p.enforce_eager if enforce_eager is None else enforce_eager,
         max_num_seqs=p.max_num_seqs,
     )
 

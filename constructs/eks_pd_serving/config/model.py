@@ -48,8 +48,15 @@ class DeploymentConfig(Settings, FieldRules):
         """The settings of one phase, typed (``prefill`` or ``decode``)."""
         return phase_settings(self, phase)
 
-    def sizing(self, phase: str, facts: ModelFacts | None = None) -> Sizing | None:
-        return derived.sizing(self, phase, facts)
+    def sizing(
+        self,
+        phase: str,
+        facts: ModelFacts | None = None,
+        *,
+        quantization: str | None = None,
+        enforce_eager: bool | None = None,
+    ) -> Sizing | None:
+        return derived.sizing(self, phase, facts, quantization=quantization, enforce_eager=enforce_eager)
 
     def replica_bounds(self, phase: str) -> tuple[int, int]:
         return derived.replica_bounds(self, phase)
