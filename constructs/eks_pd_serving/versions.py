@@ -66,35 +66,44 @@ RETIRED_KUBERNETES_VERSIONS: Final = {
     if version not in KUBERNETES_RELEASES
 }
 
+
+@dataclass(frozen=True)
+class ChartPin:
+    """A Helm chart at one version, from one repository."""
+
+    chart: str
+    repository: str
+    version: str
+
+
 # KubeRay: the Helm chart and the CRDs it installs are one release; the schema test reads the
 # CRDs of exactly this version from ../shared/kuberay/<KUBERAY_VERSION>/.
-KUBERAY_VERSION: Final = "1.7.0"
-KUBERAY_CHART_REPOSITORY: Final = "https://ray-project.github.io/kuberay-helm/"
+KUBERAY_CHART: Final = ChartPin("kuberay-operator", "https://ray-project.github.io/kuberay-helm/", "1.7.0")
+KUBERAY_VERSION: Final = KUBERAY_CHART.version
 
 # Device plugins. NVIDIA 0.19.0-0.19.2 conflict with the EFA plugin; 0.20.0 does not.
-NVIDIA_DEVICE_PLUGIN_VERSION: Final = "0.20.0"
-NVIDIA_DEVICE_PLUGIN_REPOSITORY: Final = "https://nvidia.github.io/k8s-device-plugin"
+NVIDIA_DEVICE_PLUGIN_CHART: Final = ChartPin(
+    "nvidia-device-plugin", "https://nvidia.github.io/k8s-device-plugin", "0.20.0"
+)
 # eks-charts versions the chart apart from the plugin image: chart v0.5.30 ships image v0.5.20
 # (its appVersion; chart v0.5.8 shipped image v0.5.5). Its supportedInstanceLabels list g6.8xlarge.
-EFA_DEVICE_PLUGIN_VERSION: Final = "v0.5.30"
-EFA_DEVICE_PLUGIN_IMAGE_VERSION: Final = "v0.5.20"
 EKS_CHARTS_REPOSITORY: Final = "https://aws.github.io/eks-charts"
-EFA_DEVICE_PLUGIN_REPOSITORY: Final = EKS_CHARTS_REPOSITORY
+EFA_DEVICE_PLUGIN_CHART: Final = ChartPin("aws-efa-k8s-device-plugin", EKS_CHARTS_REPOSITORY, "v0.5.30")
+EFA_DEVICE_PLUGIN_IMAGE_VERSION: Final = "v0.5.20"
 
 # AWS Load Balancer Controller (endpoint_exposure=internal): eks-charts chart 3.5.0 ships
 # controller v3.5.0 (its appVersion); policies/ holds that release's docs/install/iam_policy.json
 # (kubernetes-sigs/aws-load-balancer-controller tag v3.5.0, commit 5982613953df).
-AWS_LOAD_BALANCER_CONTROLLER_VERSION: Final = "3.5.0"
+AWS_LOAD_BALANCER_CONTROLLER_CHART: Final = ChartPin("aws-load-balancer-controller", EKS_CHARTS_REPOSITORY, "3.5.0")
 AWS_LOAD_BALANCER_CONTROLLER_POLICY: Final = (
-    f"policies/aws-load-balancer-controller-v{AWS_LOAD_BALANCER_CONTROLLER_VERSION}.json"
+    f"policies/aws-load-balancer-controller-v{AWS_LOAD_BALANCER_CONTROLLER_CHART.version}.json"
 )
 # Cluster Autoscaler (autoscaling=true): its minor must match the cluster's Kubernetes minor. The
 # chart (kubernetes/autoscaler tag cluster-autoscaler-chart-9.59.0, appVersion 1.35.0) runs any of
 # them; the image is the newest patch of each minor (tags cluster-autoscaler-1.3x.y, 2026-07-22).
 # policies/ holds the "Full Cluster Autoscaler Features Policy" of cloudprovider/aws/README.md
 # at tag cluster-autoscaler-1.35.2 (commit 2d42588803c7), unchanged.
-CLUSTER_AUTOSCALER_CHART_VERSION: Final = "9.59.0"
-CLUSTER_AUTOSCALER_REPOSITORY: Final = "https://kubernetes.github.io/autoscaler"
+CLUSTER_AUTOSCALER_CHART: Final = ChartPin("cluster-autoscaler", "https://kubernetes.github.io/autoscaler", "9.59.0")
 CLUSTER_AUTOSCALER_IMAGE_TAGS: Final = {
     "1.32": "v1.32.7",
     "1.33": "v1.33.6",
@@ -145,27 +154,3 @@ IMAGE_PYTHON_STACK: Final = (
 def ray_image_uri(region: str) -> str:
     """The Ray LLM DLC image in ``region`` (a CloudFormation token is fine)."""
     return f"{RAY_IMAGE_ACCOUNT}.dkr.ecr.{region}.amazonaws.com/{RAY_IMAGE_REPOSITORY}:{RAY_IMAGE_TAG}"
-
-
-@dataclass(frozen=True)
-class ChartPin:
-    """A Helm chart at one version, from one repository."""
-
-    chart: str
-    repository: str
-    version: str
-
-
-KUBERAY_CHART: Final = ChartPin("kuberay-operator", KUBERAY_CHART_REPOSITORY, KUBERAY_VERSION)
-NVIDIA_DEVICE_PLUGIN_CHART: Final = ChartPin(
-    "nvidia-device-plugin", NVIDIA_DEVICE_PLUGIN_REPOSITORY, NVIDIA_DEVICE_PLUGIN_VERSION
-)
-EFA_DEVICE_PLUGIN_CHART: Final = ChartPin(
-    "aws-efa-k8s-device-plugin", EFA_DEVICE_PLUGIN_REPOSITORY, EFA_DEVICE_PLUGIN_VERSION
-)
-AWS_LOAD_BALANCER_CONTROLLER_CHART: Final = ChartPin(
-    "aws-load-balancer-controller", EKS_CHARTS_REPOSITORY, AWS_LOAD_BALANCER_CONTROLLER_VERSION
-)
-CLUSTER_AUTOSCALER_CHART: Final = ChartPin(
-    "cluster-autoscaler", CLUSTER_AUTOSCALER_REPOSITORY, CLUSTER_AUTOSCALER_CHART_VERSION
-)

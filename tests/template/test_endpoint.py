@@ -103,7 +103,7 @@ def test_the_controller_gets_its_releases_policy_through_pod_identity(internal: 
 def test_the_shipped_policy_is_the_pinned_releases_file() -> None:
     """A hand edit changes the digest; a controller bump must bring its release's file."""
     path = versions.AWS_LOAD_BALANCER_CONTROLLER_POLICY
-    assert path.endswith(f"v{versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION}.json")
+    assert path.endswith(f"v{versions.AWS_LOAD_BALANCER_CONTROLLER_CHART.version}.json")
     from importlib import resources
 
     data = resources.files("eks_pd_serving").joinpath(path).read_bytes()

@@ -216,9 +216,10 @@ def test_every_ray_pod_puts_its_object_store_inside_dev_shm(template: Template) 
 def test_efa_device_plugin_chart_is_the_one_that_ships_a_current_image(template: Template) -> None:
     template.has_resource_properties(
         "Custom::AWSCDK-EKS-HelmChart",
-        {"Chart": "aws-efa-k8s-device-plugin", "Version": versions.EFA_DEVICE_PLUGIN_VERSION},
+        {"Chart": "aws-efa-k8s-device-plugin", "Version": versions.EFA_DEVICE_PLUGIN_CHART.version},
     )
-    assert (versions.EFA_DEVICE_PLUGIN_VERSION, versions.EFA_DEVICE_PLUGIN_IMAGE_VERSION) == ("v0.5.30", "v0.5.20")
+    chart = versions.EFA_DEVICE_PLUGIN_CHART
+    assert (chart.version, versions.EFA_DEVICE_PLUGIN_IMAGE_VERSION) == ("v0.5.30", "v0.5.20")
 
 
 def test_without_the_managed_log_group_flag_every_lambda_still_gets_a_group_of_ours() -> None:

@@ -283,7 +283,7 @@ def picture_drift(readme: str) -> list[str]:
         f"IMDSv2 (hop {GPU_IMDS_HOP_LIMIT})": gpu_template,
         f"gp3 {c.gpu_root_volume_gib} GiB root": picture,
         f"KubeRay operator {versions.KUBERAY_VERSION}": picture,
-        f"NVIDIA device plugin {versions.NVIDIA_DEVICE_PLUGIN_VERSION}": picture,
+        f"NVIDIA device plugin {versions.NVIDIA_DEVICE_PLUGIN_CHART.version}": picture,
         f"RayService {c.ray_service_name} in namespace {c.namespace}": picture,
         f"add-on {c.cloudwatch_addon_version}": picture,
     }

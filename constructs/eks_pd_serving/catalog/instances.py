@@ -160,9 +160,8 @@ INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
 # request it, stay Pending. The chart's own values.yaml, vendored at the pinned chart version
 # (aws/eks-charts commit bfe91c4b9257, stable/aws-efa-k8s-device-plugin, chart v0.5.30); the file
 # name follows the pin, so a bump without the new values fails at import.
-EFA_PLUGIN_VALUES: Final = (
-    Path(__file__).parent / "upstream" / f"aws-efa-k8s-device-plugin-{versions.EFA_DEVICE_PLUGIN_VERSION}-values.yaml"
-)
+_EFA_CHART = versions.EFA_DEVICE_PLUGIN_CHART
+EFA_PLUGIN_VALUES: Final = Path(__file__).parent / "upstream" / f"{_EFA_CHART.chart}-{_EFA_CHART.version}-values.yaml"
 
 
 @functools.cache

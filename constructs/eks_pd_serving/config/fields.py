@@ -252,7 +252,7 @@ class FieldRules(BaseModel):
             raise ValueError("this instance type does not support EFA, which carries the KV cache")
         if value not in efa_plugin_instance_types():
             raise ValueError(
-                f"the EFA device plugin (chart {versions.EFA_DEVICE_PLUGIN_VERSION}) does not run on this type "
+                f"the EFA device plugin (chart {versions.EFA_DEVICE_PLUGIN_CHART.version}) does not run on this type "
                 "(its supportedInstanceLabels), so no EFA would be advertised and the Ray workers would stay Pending"
             )
         return value

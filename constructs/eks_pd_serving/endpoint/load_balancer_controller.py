@@ -20,7 +20,7 @@ from ..layout import SYSTEM_NODE_LABELS
 RELEASE = "aws-load-balancer-controller"
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "aws-load-balancer-controller"
-VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_VERSION
+VERSION = versions.AWS_LOAD_BALANCER_CONTROLLER_CHART.version
 
 
 class AwsLoadBalancerController(Construct):
