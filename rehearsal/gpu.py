@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", type=Path, default=Path(".rehearsal/gpu"))
     parser.add_argument("--model-shape", choices=qwen35_checkpoint.SHAPES)
     parser.add_argument("--weights", type=Path, help="a real checkpoint directory instead of a built one")
-    parser.add_argument("--emulate-gpu", default="L4", help="emulate: a GPU of the catalog (L4, L40S, H200, ...)")
+    parser.add_argument("--emulate-gpu", default="L4", help="emulate: a catalog GPU (L4, rtx-pro-server-6000)")
     parser.add_argument("--report", type=Path)
     parser.add_argument("--out", type=Path, help="bench: where the runs' JSON goes")
     parser.add_argument("--layouts", nargs="+", default=["pd", "colocated"], choices=("pd", "colocated"))

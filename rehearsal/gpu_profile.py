@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS, ModelFacts
+from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS, ModelFacts, gpu_slug
 from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
 SIDES = ("prefill_config", "decode_config")
@@ -60,11 +60,14 @@ def detect_host() -> GpuHost:
 
 
 def catalog_gpu_bytes(gpu: str) -> int:
-    """One GPU's memory as EC2 reports it, for a GPU name in the catalog (``L4``, ``H200``, ...)."""
+    """One GPU's memory as EC2 reports it, for a GPU of the catalog by its name or slug (``L4``,
+    ``h200``, ``rtx-pro-server-6000``)."""
     for name, facts in GPUS.items():
-        if name.lower() == gpu.lower():
+        if gpu_slug(name) == gpu_slug(gpu):
             return int(facts.memory_mib * MIB)
-    raise ValueError(f"--emulate-gpu {gpu!r}: not in the catalog; use one of {', '.join(sorted(GPUS))}")
+    raise ValueError(
+        f"--emulate-gpu {gpu!r}: not in the catalog; use one of {', '.join(sorted(gpu_slug(n) for n in GPUS))}"
+    )
 
 
 def emulated_utilization(gpu: str, deployed_utilization: float, host: GpuHost) -> float:

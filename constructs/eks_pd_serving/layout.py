@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .capacity.checks import GroupNeed
-from .catalog import INSTANCE_TYPES, InstanceFacts
+from .catalog import INSTANCE_TYPES, InstanceFacts, gpu_slug
 
 PHASES = ("prefill", "decode")
 # Nodes of the system group: the KubeRay operator and the Ray head run there.
@@ -96,7 +96,7 @@ class GpuGroup:
         labels = dict(GPU_NODE_LABELS) if self.shared else {**GPU_NODE_LABELS, PHASE_LABEL: self.name}
         if self.autoscaled:
             # A label value: EC2's GPU name ("RTX PRO Server 6000") with its spaces as hyphens.
-            labels[ACCELERATOR_LABEL] = "nvidia-" + re.sub(r"[^a-z0-9.]+", "-", self.instance.gpu_name.lower())
+            labels[ACCELERATOR_LABEL] = "nvidia-" + gpu_slug(self.instance.gpu_name)
         return labels
 
     @property

@@ -101,12 +101,14 @@ def test_emulating_an_l4_gives_vllm_the_l4_budget() -> None:
     # vLLM budgets utilization x torch's total; the product must be 0.9 x the L4's 22,888 MiB.
     assert utilization * H200.total_bytes == pytest.approx(0.9 * 22888 * MIB)
     assert gpu_profile.emulated_utilization("l40s", 0.9, H200) == pytest.approx(0.9 * 45776 * MIB / H200.total_bytes)
+    # A name with spaces is also taken as its slug, the form a command line takes without quotes.
+    assert {gpu_profile.catalog_gpu_bytes(g) for g in ("RTX PRO Server 6000", "rtx-pro-server-6000")} == {98304 * MIB}
 
 
 @pytest.mark.parametrize(
     ("gpu", "host", "message"),
     [
-        ("MI300X", H200, "--emulate-gpu 'MI300X': not in the catalog; use one of A100, A10G, B200, B300, H100, H200"),
+        ("MI300X", H200, "--emulate-gpu 'MI300X': not in the catalog; use one of a100, a10g, b200, b300, h100, h200"),
         ("L40S", dataclasses.replace(H200, total_bytes=24 * GIB), "exceeds this GPU's memory"),
     ],
 )

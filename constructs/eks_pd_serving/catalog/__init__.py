@@ -10,6 +10,7 @@ from .instances import (
     GpuFacts,
     InstanceFacts,
     efa_plugin_instance_types,
+    gpu_slug,
     mismatches,
 )
 from .models import CATALOG, CONFIGS, DENSE, GATED, HYBRID, MODELS, MOE, CatalogEntry, ModelFacts, facts_from_config
@@ -37,5 +38,6 @@ __all__ = [
     "ModelFacts",
     "efa_plugin_instance_types",
     "facts_from_config",
+    "gpu_slug",
     "mismatches",
 ]

@@ -26,6 +26,7 @@ DescribeInstanceTypes data moto 5.2 carries (recorded from EC2), card 0's EFA su
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -39,6 +40,12 @@ from .. import versions
 class GpuFacts:
     memory_mib: int  # one GPU, as EC2 reports it
     memory_bandwidth_gbps: float  # GB/s, the decode step-time floor of `sizing`'s what-if table
+
+
+def gpu_slug(name: str) -> str:
+    """A GPU name as one lower-case token ("RTX PRO Server 6000" -> "rtx-pro-server-6000"): valid
+    in a Kubernetes label value and on a command line without quotes."""
+    return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 
 
 # Memory bandwidth, GB/s, as published for these parts (no AWS API reports it): L4 300, H100 SXM
