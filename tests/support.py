@@ -238,8 +238,8 @@ def serve_args(service: dict[str, Any]) -> dict[str, Any]:
 CAPACITY_REGION = "us-east-1"
 
 
-def stubbed_quotas(value: float, applied: bool = True, p_value: float | None = None) -> Any:
-    """The G/VT quota at ``value`` and, asked next when ``p_value`` is given, the P quota."""
+def stubbed_quotas(value: float | None, applied: bool = True, p_value: float | None = None) -> Any:
+    """The G/VT quota at ``value`` (None: not asked) and, asked next when ``p_value`` is given, the P quota."""
     client = boto3.client("service-quotas", region_name=CAPACITY_REGION)
     stub = Stubber(client)
     for code, quota in (("L-DB2E81BA", value), ("L-417A185B", p_value)):

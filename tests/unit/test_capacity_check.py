@@ -117,3 +117,52 @@ def test_the_asset_folder_runs_as_lambda_loads_it() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == [{"PhysicalResourceId": "gpu-capacity-c"}, "checks", False]
+
+
+BLOCK = "cr-0123456789abcdef0"
+GROUP_ARN = "arn:aws:resource-groups:us-east-1:123456789012:group/gpu-odcrs"
+
+
+def reserved(name: str, instance_type: str, nodes: int, kind: str = "capacity-block", target: str = BLOCK) -> Any:
+    return checks.ReservedGroup(name, instance_type, nodes, kind, target, f"{name}_gpu_capacity")
+
+
+def quota_row(found: list[checks.Check], family: str) -> checks.Check:
+    (row,) = [c for c in found if c.name == f"{family} vCPU quota"]
+    return row
+
+
+def test_nodes_that_launch_into_a_named_reservation_are_not_held_to_the_on_demand_quota(ec2: Any) -> None:
+    """A new account's P quota is often 0: a Capacity Block (or ODCR) group must not be refused for it.
+    The reservation check holds the group to the reservation's free instances instead."""
+    needs = [checks.GroupNeed("prefill", "p5.48xlarge", 1), checks.GroupNeed("decode", "p5.48xlarge", 1)]
+    block = reserved("prefill", "p5.48xlarge", 1)
+    # Without the reservation both nodes count, and a P quota of 192 is one node short.
+    assert not quota_row(checks.check_capacity(ec2, quotas(None, p_value=192), needs, "us-east-1a"), "P").passed
+    row = quota_row(checks.check_capacity(ec2, quotas(None, p_value=192), needs, "us-east-1a", reserved=[block]), "P")
+    assert row == checks.Check(
+        "P vCPU quota", True, "192 free (192 quota - 0 running), 192 needed (1 x 192 vCPUs); prefill launch into a "
+        "reservation, not counted"
+    )  # fmt: skip
+    both = [block, reserved("decode", "p5.48xlarge", 1, kind="odcr", target="cr-0fedcba9876543210")]
+    row = quota_row(checks.check_capacity(ec2, quotas(None, p_value=0), needs, "us-east-1a", reserved=both), "P")
+    assert row == checks.Check("P vCPU quota", True, "not counted: prefill, decode launch into a reservation")
+
+
+def test_a_reservation_group_is_still_held_to_the_quota(ec2: Any) -> None:
+    """Its reservations are not read, so nothing says they have room: the nodes count."""
+    needs = [checks.GroupNeed("gpu", "g6.8xlarge", 2)]
+    pool = reserved("gpu", "g6.8xlarge", 2, kind="odcr-group", target=GROUP_ARN)
+    row = quota_row(checks.check_capacity(ec2, quotas(32), needs, "us-east-1a", reserved=[pool]), "G/VT")
+    assert not row.passed and "64 needed" in row.detail
+
+
+def test_the_deploy_time_check_passes_its_reservations_to_the_quota(ec2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(checks, "check_reservations", lambda *a, **kw: ([], {}))
+    props = properties(prefill=("p5.48xlarge", 1))
+    props["Reservations"] = [
+        {"Name": "prefill", "InstanceType": "p5.48xlarge", "MaxNodes": "1", "Kind": "capacity-block",
+         "Target": BLOCK, "Setting": "prefill_gpu_capacity"},
+    ]  # fmt: skip
+    data = handler.run_checks(props, ec2, quotas(None, p_value=0))
+    assert "P vCPU quota: not counted: prefill launch into a reservation" in data["Checks"]

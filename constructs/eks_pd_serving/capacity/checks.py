@@ -118,9 +118,18 @@ def check_capacity(
     gpu_az: str,
     *,
     cluster_name: str | None = None,
+    reserved: Sequence[ReservedGroup] = (),
 ) -> list[Check]:
     """EFA support and the GPU AZ's offering for each group, then each instance family's on-demand
-    quota (G/VT, P) less what already runs (outside ``cluster_name``) against its groups' vCPUs."""
+    quota (G/VT, P) less what already runs (outside ``cluster_name``) against its groups' vCPUs.
+
+    A group in ``reserved`` with a named reservation (an ODCR or a Capacity Block, which
+    ``check_reservations`` holds to the group's most nodes) is left out of the quota: its nodes
+    take capacity the reservation already holds. EC2's guide says an active, unused ODCR counts
+    toward the On-Demand limits when it is made; for a Capacity Block it says nothing either way
+    (docs/features/capacity.md). A group drawing from a reservation group (an ARN) still counts:
+    its reservations are not read."""
+    in_reservation = {group.name for group in reserved if group.reservation_id}
     checks: list[Check] = []
     facts = instance_facts(ec2, (group.instance_type for group in groups))
     for instance_type in sorted(facts):
@@ -145,8 +154,12 @@ def check_capacity(
             )
     for family in QUOTA_FAMILIES:
         members = [g for g in groups if g.instance_type in facts and quota_family(g.instance_type) == family]
-        if members:
-            checks.append(_quota_check(ec2, quotas, family, members, facts, cluster_name))
+        counted = [g for g in members if g.name not in in_reservation]
+        held = ", ".join(g.name for g in members if g.name in in_reservation)
+        if counted:
+            checks.append(_quota_check(ec2, quotas, family, counted, facts, cluster_name, held))
+        elif held:
+            checks.append(Check(f"{family.name} vCPU quota", True, f"not counted: {held} launch into a reservation"))
     return checks
 
 
@@ -157,14 +170,18 @@ def _quota_check(
     groups: Sequence[GroupNeed],
     facts: dict[str, tuple[int, bool]],
     cluster_name: str | None,
+    held: str = "",
 ) -> Check:
-    """``family``'s quota less what already runs (outside ``cluster_name``) against its groups' vCPUs."""
+    """``family``'s quota less what already runs (outside ``cluster_name``) against its groups' vCPUs
+    (``held``: the family's groups left out because they launch into a reservation)."""
     needed = sum(group.node_count * facts[group.instance_type][0] for group in groups)
     quota = quota_vcpus(quotas, family)
     in_use = running_vcpus(ec2, family, exclude_cluster=cluster_name)
     free = quota - in_use
     parts = " + ".join(f"{g.node_count} x {facts[g.instance_type][0]}" for g in groups)
     detail = f"{free:.0f} free ({quota:.0f} quota - {in_use} running), {needed} needed ({parts} vCPUs)"
+    if held:
+        detail += f"; {held} launch into a reservation, not counted"
     if free < needed:
         detail += (
             f". Fix: request a {family.name} quota of at least {in_use + needed} vCPUs ({family.code} in Service "

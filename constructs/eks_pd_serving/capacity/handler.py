@@ -47,10 +47,9 @@ def run_checks(
     schedules' expressions, ``checks.block_attributes``)."""
     now = now or datetime.datetime.now(datetime.UTC)
     gpu_az, cluster = str(properties["GpuAvailabilityZone"]), str(properties["ClusterName"])
-    found = checks.check_capacity(ec2, quotas, groups_from(properties), gpu_az, cluster_name=cluster)
-    reservation_checks, ends = checks.check_reservations(
-        ec2, reservations_from(properties), gpu_az, cluster_name=cluster, now=now
-    )
+    reserved = reservations_from(properties)
+    found = checks.check_capacity(ec2, quotas, groups_from(properties), gpu_az, cluster_name=cluster, reserved=reserved)
+    reservation_checks, ends = checks.check_reservations(ec2, reserved, gpu_az, cluster_name=cluster, now=now)
     found += reservation_checks
     problem = checks.failures(found)
     if problem:

@@ -315,7 +315,12 @@ def check(
     result = Result(region=region)
     result.gpu_az, result.availability_zones = resolve_gpu_az(ec2, config, region)
     for found in check_capacity(
-        ec2, quotas, [g.need for g in config.gpu_groups], result.gpu_az, cluster_name=config.cluster_name
+        ec2,
+        quotas,
+        [g.need for g in config.gpu_groups],
+        result.gpu_az,
+        cluster_name=config.cluster_name,
+        reserved=derived.reserved_groups(config),
     ):
         result.checks.append((found.name, found.passed, found.detail))
     result.checks += check_instance_facts(ec2, config)
