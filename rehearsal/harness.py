@@ -117,9 +117,16 @@ def kill_marked(run_id: str) -> int:
 
 def build(serve_config: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
     """Each application built exactly as Serve would from its import path (Ray Serve LLM's
-    builders validate their arguments here). Needs Ray up: a builder may otherwise start one."""
+    builders validate their arguments here). Needs Ray up: a builder may otherwise start one. The
+    pods' PYTHONPATH (the workers' env, in this process's since ``local_ray``) holds the package's
+    own builder, as it does for the build task on a pod."""
+    import sys
+
     from ray._common.utils import import_attr
 
+    for folder in reversed(os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+        if folder and folder not in sys.path:
+            sys.path.insert(0, folder)
     return [(app, import_attr(app["import_path"])(app["args"])) for app in serve_config["applications"]]
 
 

@@ -17,10 +17,12 @@ from typing import Any
 import yaml
 
 from eks_pd_serving.assembly import kubernetes_objects
-from eks_pd_serving.fault_tolerance import kv_guard
+from eks_pd_serving.fault_tolerance import failover, kv_guard
 
-# The pod annotation holding the guard's digest.
-KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"  # mapping.KV_GUARD_CODE (the rehearsal imports no CDK)
+# The pod annotations holding the programs' digests (mapping.KV_GUARD_CODE, mapping.FAILOVER_CODE:
+# the rehearsal imports no CDK).
+KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
+FAILOVER_CODE = "eks-pd-serving/failover-code"
 
 LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
@@ -46,9 +48,9 @@ def serve_config(ray_service: dict[str, Any]) -> dict[str, Any]:
 
 def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     """The Ray worker container's literal env, minus what only an EFA pod needs. Its PYTHONPATH
-    names the pods' mounted programs: the KV guard's mount becomes the package's folder holding
-    the same file (the pod annotation's digest is checked against it), the key check's is left to
-    ``api_keys.local_keys``, and this process's own PYTHONPATH follows."""
+    names the pods' mounted programs: the KV guard's and the failover's mounts become the package's
+    folders holding the same files (each pod annotation's digest is checked against its file), the
+    key check's is left to ``api_keys.local_keys``, and this process's own PYTHONPATH follows."""
     (group, *_) = ray_service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     template = group["template"]
     (container,) = template["spec"]["containers"]
@@ -56,12 +58,14 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     env = {k: v for k, v in env.items() if k not in _POD_ONLY_ENV}
     env["VLLM_HOST_IP"] = "127.0.0.1"
     folders = []
+    programs = {kv_guard.MOUNT_PATH: (kv_guard, KV_GUARD_CODE), failover.MOUNT_PATH: (failover, FAILOVER_CODE)}
     for folder in env.pop("PYTHONPATH", "").split(":"):
-        if folder == kv_guard.MOUNT_PATH:
-            annotated = template.get("metadata", {}).get("annotations", {}).get(KV_GUARD_CODE)
-            if annotated != kv_guard.source_digest():
-                raise ValueError(f"the template's KV guard code ({annotated}) is not this package's: synthesize again")
-            folders.append(str(Path(kv_guard.__file__).parent))
+        if folder in programs:
+            code, annotation = programs[folder]
+            annotated = template.get("metadata", {}).get("annotations", {}).get(annotation)
+            if annotated != code.source_digest():
+                raise ValueError(f"the template's {code.MODULE} code ({annotated}) is not this package's: synthesize again")
+            folders.append(str(Path(code.__file__).parent))
     folders.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     if folders:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(folders))

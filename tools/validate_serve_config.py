@@ -11,6 +11,9 @@ Checks, all with Ray's code:
    executed against the real ``LLMConfig``. That module cannot be imported without vLLM (it
    imports vLLM's protocol models), so the ingress/proxy class options, which only name
    classes, are accepted as plain dicts here.
+4. With the package's failover builder (``eks_pd_failover:build_failover_app``): its own args key
+   taken off (its keys must be the builder's ``Failover`` fields, read from the pod module's
+   source, which imports vLLM too), the rest is PDServingArgs as above.
 
 Exit 0 when Ray accepts the config, 1 with Ray's message when it does not.
 """
@@ -30,6 +33,22 @@ import yaml
 
 PD_IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
 _BUILDER = "ray.llm._internal.serve.serving_patterns.prefill_decode.builder"
+FAILOVER_SOURCE = Path(__file__).resolve().parents[1] / "constructs/eks_pd_serving/fault_tolerance/failover/eks_pd_failover.py"
+
+
+def failover_contract() -> tuple[str, str, set[str]]:
+    """The failover builder's import path, args key and the fields its ``Failover`` takes."""
+    tree = ast.parse(FAILOVER_SOURCE.read_text())
+    constants = {
+        t.id: ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Name) and t.id in ("IMPORT_PATH", "ARGS_KEY")
+    }
+    node = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Failover")
+    fields = {s.target.id for s in node.body if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)}
+    return constants["IMPORT_PATH"], constants["ARGS_KEY"], fields
 
 
 def load_serve_config(path: Path) -> dict[str, Any]:
@@ -75,12 +94,22 @@ def validate(serve_config: dict[str, Any]) -> list[str]:
     schema = ServeDeploySchema.model_validate(serve_config)
     pd_args = pd_serving_args_class()
     report = []
+    failover_path, failover_key, failover_fields = failover_contract()
     for app in schema.applications:
-        if app.import_path != PD_IMPORT_PATH:
+        given = dict(app.args)
+        if app.import_path == failover_path:
+            failover = given.pop(failover_key, None)
+            if not isinstance(failover, dict) or set(failover) != failover_fields:
+                raise ValueError(
+                    f"application {app.name!r}: {failover_key} is {failover!r}, expected the keys "
+                    f"{sorted(failover_fields)}"
+                )
+        elif app.import_path != PD_IMPORT_PATH:
             raise ValueError(
-                f"application {app.name!r}: import_path is {app.import_path!r}, expected {PD_IMPORT_PATH!r}"
+                f"application {app.name!r}: import_path is {app.import_path!r}, expected {PD_IMPORT_PATH!r} "
+                f"or {failover_path!r}"
             )
-        args = pd_args.model_validate(app.args)  # type: ignore[attr-defined]
+        args = pd_args.model_validate(given)  # type: ignore[attr-defined]
         roles = [
             f"{side} {getattr(args, f'{side}_config').engine_kwargs['kv_transfer_config']['kv_role']}"
             for side in ("prefill", "decode")

@@ -20,7 +20,7 @@ from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import ConfigError, DeploymentConfig, derived
 from .endpoint import proxy
-from .fault_tolerance import auth, kv_guard
+from .fault_tolerance import auth, failover, kv_guard
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import MAX_NUM_BATCHED_TOKENS
 from .weights.model_weights import Removal
@@ -343,11 +343,24 @@ def kv_guard_spec(config: DeploymentConfig) -> k8s.KvGuardSpec | None:
     )
 
 
+def failover_spec(config: DeploymentConfig) -> k8s.FailoverSpec | None:
+    if not config.pd_failover:
+        return None
+    return k8s.FailoverSpec(
+        import_path=failover.import_path(),
+        args_key=failover.args_key(),
+        wait_s=config.failover_wait_s,
+        prefill_timeout_s=config.failover_prefill_timeout_s,
+        short_prompt_tokens=config.short_prompt_tokens,
+    )
+
+
 # Pod annotations holding the digests of the code the pods run: new code is a RayCluster change
 # on purpose (the proxies and the init container read it once, at start).
 API_KEYS_CODE = "eks-pd-serving/api-keys-code"
 GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
 KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
+FAILOVER_CODE = "eks-pd-serving/failover-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
 
 
@@ -382,6 +395,12 @@ def gcs_auth() -> k8s.InitProgram:
 def kv_guard_program(config: DeploymentConfig) -> k8s.PodProgram:
     """The guard's code, shipped in every configuration (``k8s.RayServiceProps.kv_guard_program``)."""
     return _pod_program(f"{config.ray_service_name}-kv-guard-code", kv_guard, KV_GUARD_CODE)
+
+
+def failover_program(config: DeploymentConfig) -> k8s.PodProgram:
+    """The failover's code, shipped in every configuration (``k8s.RayServiceProps.failover_program``):
+    turning failover on or off is then a serve-config change alone."""
+    return _pod_program(f"{config.ray_service_name}-failover-code", failover, FAILOVER_CODE)
 
 
 def _pod_program(config_map: str, code: Any, annotation: str) -> k8s.PodProgram:
@@ -466,6 +485,8 @@ def ray_service_props(
         api_keys=api_keys,
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
+        failover_program=failover_program(config),
+        failover=failover_spec(config),
         api_keys_hook=api_keys_hook(config),
         gcs_auth=gcs_auth() if gcs_fault_tolerance else None,
         gcs_fault_tolerance=gcs_fault_tolerance,

@@ -109,6 +109,22 @@ def _check_api_keys(config: Settings) -> None:
         )
 
 
+def _check_failover(config: Settings) -> None:
+    if config.pd_failover:
+        if config.short_prompt_tokens >= config.max_model_len:
+            raise ValueError(
+                f"short_prompt_tokens={config.short_prompt_tokens} is not under max_model_len={config.max_model_len}: "
+                "every prompt would skip prefill. Fix: set short_prompt_tokens below max_model_len, or 0"
+            )
+        return
+    for key in ("failover_wait_s", "failover_prefill_timeout_s", "short_prompt_tokens"):
+        if key in config.model_fields_set:
+            raise ValueError(
+                f"{key}={getattr(config, key)!r} has no effect with pd_failover=false. Fix: set pd_failover=true, "
+                f"or remove {key}"
+            )
+
+
 def _check_gcs_store(config: Settings) -> None:
     if not config.gcs_fault_tolerance:
         for key in ("gcs_store_node_type", "gcs_store_replicas"):
@@ -409,6 +425,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_nat_gateways,
     _check_endpoint,
     _check_api_keys,
+    _check_failover,
     _check_gcs_store,
     _check_observability,
     _check_autoscaling,

@@ -608,6 +608,44 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("auto, on or off"),
     )
+    pd_failover: bool = Field(
+        True,
+        description=(
+            "The PD pair fails over to the engine still standing (docs/features/failures.md): decode "
+            "prefills locally when prefill has no replica, fails or times out; the prefill engine serves a "
+            "request whole when decode has no replica or refuses it before its first token; neither: HTTP 503 "
+            "with Retry-After at once. false: Ray's own build_pd_openai_app (every request needs both)."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
+    failover_wait_s: float = Field(
+        2.0,
+        gt=0,
+        le=60,
+        description=(
+            "The longest a request waits for a replica of one engine before it goes to the other (so at most "
+            "twice this in all before a 503); Serve's router would otherwise hold it until a replacement starts."
+        ),
+        json_schema_extra=_hint("seconds, above 0 and at most 60"),
+    )
+    failover_prefill_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=600,
+        description=(
+            "How long decode waits for prefill's answer (the prompt's KV) before it prefills the request itself."
+        ),
+        json_schema_extra=_hint("seconds, above 0 and at most 600"),
+    )
+    short_prompt_tokens: int = Field(
+        0,
+        ge=0,
+        description=(
+            "Conditional disaggregation: prompts with fewer tokens than this are served on decode alone, "
+            "skipping the KV transfer; 0: every prompt is prefilled remotely. Needs pd_failover."
+        ),
+        json_schema_extra=_hint("a whole number of tokens, 0 or more"),
+    )
     kv_buffer_device: Literal["cuda", "cpu"] = Field(
         "cuda",
         description="Where NIXL stages KV blocks; cpu where GPUDirect RDMA is missing.",
@@ -638,6 +676,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "prefill_tensor_parallel_size", "decode_tensor_parallel_size",
     ),
     "KV transfer": ("kv_backend", "kv_buffer_device", "kv_pull_guard"),
+    "Failover": ("pd_failover", "failover_wait_s", "failover_prefill_timeout_s", "short_prompt_tokens"),
     "Ray cluster and updates": ("namespace", "ray_service_name", "image", "ray_upgrade_strategy"),
     "Head fault tolerance": ("gcs_fault_tolerance", "gcs_store_node_type", "gcs_store_replicas"),
     "Endpoint and API keys": (

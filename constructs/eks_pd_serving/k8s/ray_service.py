@@ -30,6 +30,7 @@ LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
 # The volumes the pods' programs (RayServiceProps: api_keys_hook, kv_guard_program) are mounted from.
 _API_KEYS_VOLUME = "api-keys-code"
 _KV_GUARD_VOLUME = "kv-guard-code"
+_FAILOVER_VOLUME = "failover-code"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -77,6 +78,7 @@ class RayNamespaceChart(cdk8s.Chart):
         for construct_id, program in (
             ("ApiKeysCode", props.api_keys_hook.program if props.api_keys_hook else None),
             ("KvGuardCode", props.kv_guard_program),
+            ("FailoverCode", props.failover_program),
         ):
             if program is not None:
                 kplus.ConfigMap(
@@ -158,7 +160,7 @@ def _annotated(pod: dict[str, Any], key: str, digest: str) -> dict[str, Any]:
 
 def serve_config_yaml(props: RayServiceProps) -> str:
     args = build_pd_serving_args(props.model, props.prefill, props.decode, props.kv)
-    return to_yaml(build_serve_config(args))
+    return to_yaml(build_serve_config(args, props.failover))
 
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
@@ -241,7 +243,9 @@ def _head_group(props: RayServiceProps) -> dict[str, Any]:
             "object-store-memory": str(props.head.object_store_bytes),
         },
         "serviceType": "ClusterIP",
-        "template": _with_gcs_auth(props, _with_api_keys(props, _head_pod(props))),
+        "template": _with_gcs_auth(
+            props, _with_program(props.failover_program, _FAILOVER_VOLUME, _with_api_keys(props, _head_pod(props)))
+        ),
     }
 
 
@@ -253,8 +257,9 @@ def _region_env(region: str) -> list[dict[str, str]]:
 
 
 def _head_pod(props: RayServiceProps) -> dict[str, Any]:
-    env = _api_keys_env(props)
-    if env and props.aws_region:
+    failover = props.failover_program
+    env = _api_keys_env(props, (failover.mount_path,) if failover else ())
+    if props.api_keys and props.aws_region:
         env.extend(_region_env(props.aws_region))
     return {
         "spec": {
@@ -303,8 +308,8 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     if props.aws_region:
         # Ray's S3 mirror (boto3) signs for the regional endpoint, which the VPC's gateway endpoint serves.
         env.extend(_region_env(props.aws_region))
-    guard = props.kv_guard_program
-    env.extend(_api_keys_env(props, (guard.mount_path,) if guard else ()))
+    guard, failover = props.kv_guard_program, props.failover_program
+    env.extend(_api_keys_env(props, tuple(p.mount_path for p in (guard, failover) if p)))
     if props.kv_guard:
         env.extend(
             [
@@ -327,34 +332,27 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         # Only the Ray autoscaler removes a worker (once no replica runs on it); the Cluster
         # Autoscaler must not evict one to consolidate nodes.
         template["metadata"] = {"annotations": {SAFE_TO_EVICT: "false"}}
-    return {
-        **spec,
-        "template": _with_program(
-            guard,
-            _KV_GUARD_VOLUME,
-            _with_api_keys(
-                props,
-                {
-                    **template,
-                    "spec": {
-                        **(
-                            {"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}
-                        ),
-                        "nodeSelector": group.node_selector,
-                        "containers": [
-                            {
-                                "name": "ray-worker",
-                                "image": props.image,
-                                "env": env,
-                                "resources": group.resources.as_k8s(),
-                                # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
-                                "securityContext": {"privileged": True},
-                                "volumeMounts": [_SHM_MOUNT],
-                            }
-                        ],
-                        "volumes": [_shm_volume(group.resources)],
-                    },
-                },
-            ),
-        ),
-    }
+    pod = _with_api_keys(
+        props,
+        {
+            **template,
+            "spec": {
+                **({"serviceAccountName": props.worker_service_account} if props.worker_service_account else {}),
+                "nodeSelector": group.node_selector,
+                "containers": [
+                    {
+                        "name": "ray-worker",
+                        "image": props.image,
+                        "env": env,
+                        "resources": group.resources.as_k8s(),
+                        # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
+                        "securityContext": {"privileged": True},
+                        "volumeMounts": [_SHM_MOUNT],
+                    }
+                ],
+                "volumes": [_shm_volume(group.resources)],
+            },
+        },
+    )
+    pod = _with_program(failover, _FAILOVER_VOLUME, _with_program(guard, _KV_GUARD_VOLUME, pod))
+    return {**spec, "template": pod}

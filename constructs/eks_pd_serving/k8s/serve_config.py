@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from .specs import EngineSpec, KvTransferSpec, ModelSpec
+from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec
 
 APP_NAME = "pd-openai"
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
@@ -95,15 +95,26 @@ def build_pd_serving_args(
     }
 
 
-def build_serve_config(pd_serving_args: dict[str, Any]) -> dict[str, Any]:
-    """The whole Serve config: one application on route ``/``."""
+def build_serve_config(pd_serving_args: dict[str, Any], failover: FailoverSpec | None = None) -> dict[str, Any]:
+    """The whole Serve config: one application on route ``/``. With ``failover``, its builder
+    (the same args, plus its own under ``failover.args_key``); without, Ray's ``build_pd_openai_app``."""
+    args = pd_serving_args
+    if failover is not None:
+        args = {
+            **pd_serving_args,
+            failover.args_key: {
+                "wait_s": failover.wait_s,
+                "prefill_timeout_s": failover.prefill_timeout_s,
+                "short_prompt_tokens": failover.short_prompt_tokens,
+            },
+        }
     return {
         "applications": [
             {
                 "name": APP_NAME,
-                "import_path": IMPORT_PATH,
+                "import_path": failover.import_path if failover else IMPORT_PATH,
                 "route_prefix": "/",
-                "args": pd_serving_args,
+                "args": args,
             }
         ]
     }

@@ -125,6 +125,20 @@ class KvGuardSpec:
 
 
 @dataclass(frozen=True)
+class FailoverSpec:
+    """The PD pair's failover (``eks_pd_failover``): the serve config's import path names its
+    builder, which reads ``args_key`` from the args. ``wait_s``: the longest a request waits for a
+    replica of one engine; ``prefill_timeout_s``: for prefill's answer; ``short_prompt_tokens``:
+    prompts with fewer tokens are served on decode alone (0: none)."""
+
+    import_path: str
+    args_key: str
+    wait_s: float
+    prefill_timeout_s: float
+    short_prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class KvTransferSpec:
     """How NIXL moves KV blocks from prefill to decode."""
 
@@ -256,6 +270,11 @@ class RayServiceProps:
     gcs_auth: InitProgram | None = None
     # None: the engines are Ray's own (kv_pull_guard off).
     kv_guard: KvGuardSpec | None = None
+    # The failover's code, mounted on the head and every GPU worker whether failover is on or off
+    # (as the guard's); None: not shipped.
+    failover_program: PodProgram | None = None
+    # None: Ray's own build_pd_openai_app (pd_failover off).
+    failover: FailoverSpec | None = None
 
     @property
     def serve_service_name(self) -> str:
