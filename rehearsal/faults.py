@@ -59,7 +59,7 @@ from typing import Any
 import httpx
 import psutil
 
-from eks_pd_serving.fault_tolerance import auth, kv_guard, runbook
+from eks_pd_serving.fault_tolerance import auth, failover, kv_guard, runbook
 from eks_pd_serving.observability import catalogue as om
 
 from . import gpu_profile, local_aws, profile, qwen35_checkpoint, tiny_checkpoint
@@ -74,7 +74,7 @@ from .harness import (
     log,
     undeploy,
 )
-from .probes import Endpoint, counted_since, engine_counters_by_replica
+from .probes import Endpoint, counted_since, engine_counters_by_replica, paths_served
 from .processes import MARKER, marked_processes
 
 MAX_TOKENS = 24
@@ -88,6 +88,9 @@ GCS_RESTART_DELAY_S = 5.0
 KV_PORTS = (23000, 23999)
 KV_UCX_ENV = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "UCX_TCP_PORT_RANGE": "{}-{}".format(*KV_PORTS)}
 KV_CUT_S = 10.0
+# A failed request with the failover ends within the two replica waits plus this (a dying engine's
+# own error, the HTTP round trips).
+FAILED_MARGIN_S = 5.0
 FAULTS = ("decode", "prefill", "kv", "replace", "update", "gcs")
 # Serve puts each request's id in its error body ("Request ID: <uuid>").
 REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -339,19 +342,39 @@ def _replace_decode() -> list[str]:
 
 def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0, settle_s: float = 0.0) -> None:
     """Inject, wait (bounded) until it serves again (``_serving_again``, counting only requests
-    started ``settle_s`` or more after the fault), keep the load ``hold_s`` longer; the events
-    file records when."""
+    started ``settle_s`` or more after the fault), keep the load ``hold_s`` longer; with the
+    failover, then wait (bounded) until the pair serves disaggregated again; the events file
+    records when, and the failover's path counters at each step."""
     time.sleep(3.0)  # steady load first
+    paths = paths_served(load.endpoint.metrics_url)
     at = time.time()
     killed = inject()
-    load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s})
+    load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s, "paths": paths})
     log(f"== fault {name}: killed {killed}")
     while time.time() - at < bound_s:
         if _serving_again(load.since(at), at + settle_s) is not None:
             break
         time.sleep(0.5)
     time.sleep(2.0 + hold_s)
-    load.events.write({"type": "fault_end", "name": name, "at": time.time()})
+    if paths:
+        _disaggregated_again(load, at, bound_s)
+    load.events.write(
+        {"type": "fault_end", "name": name, "at": time.time(), "paths": paths_served(load.endpoint.metrics_url)}
+    )
+
+
+def _disaggregated_again(load: Load, at: float, bound_s: float) -> None:
+    """Wait until requests are served disaggregated again and by nothing else (two in a row over
+    a second's readings), at most ``bound_s`` after the fault at ``at``; the events file records when."""
+    previous = paths_served(load.endpoint.metrics_url)
+    while time.time() - at < bound_s:
+        time.sleep(1.0)
+        current = paths_served(load.endpoint.metrics_url)
+        grown = {path: current.get(path, 0.0) - previous.get(path, 0.0) for path in current}
+        if grown.get("disaggregated", 0.0) >= 2 and not any(v for p, v in grown.items() if p != "disaggregated"):
+            load.events.write({"type": "disaggregated_again", "at": time.time(), "after_s": time.time() - at})
+            return
+        previous = current
 
 
 def _changed(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
@@ -447,6 +470,7 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 # The bounds a client meets: how long after the fault the requests in flight at it
                 # ended, and the longest a failed request took from its start to its end.
                 "in_flight_ended_s": max((o.ended - at for o in window if o.started <= at), default=None),
+                "in_flight_at_fault": sum(o.started <= at for o in window),
                 "longest_failed_s": max((o.ended - o.started for o in affected if not o.complete), default=None),
                 "completed": len(completed),
                 "wrong_answers": sum(o.text not in (control[o.prompt], pd[o.prompt]) for o in completed),
@@ -460,9 +484,27 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 else sum(o.complete and at < o.ended <= restarted for o in window),
                 "started_while_gcs_down": None if restarted is None else [sum(o.complete for o in down), len(down)],
                 **_kv_link_figures(events, at, until),
+                **_path_figures(events, fault, until),
             }
         )
     return results
+
+
+def _path_figures(events: list[dict[str, Any]], fault: dict[str, Any], until: float) -> dict[str, Any]:
+    """With the failover: requests by the path that served them from the fault to its end, and how
+    long after the fault the pair served disaggregated again; {} without it."""
+    start = fault.get("paths")
+    if not start:
+        return {}
+    end = next((e for e in events if e["type"] == "fault_end" and e["name"] == fault["name"]), None)
+    again = next((e for e in events if e["type"] == "disaggregated_again" and fault["at"] <= e["at"] < until), None)
+    stop = (end or {}).get("paths") or {}
+    return {
+        "served_by_path": {
+            path: stop[path] - start.get(path, 0.0) for path in sorted(stop) if stop[path] - start.get(path, 0.0)
+        },
+        "disaggregated_again_s": None if again is None else round(again["after_s"], 1),
+    }
 
 
 def _kv_link_figures(events: list[dict[str, Any]], at: float, until: float) -> dict[str, Any]:
@@ -665,7 +707,8 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
     # Without the control, the PD app's own answers are the only right ones (a guarded decode
     # never recomputes: it refuses).
     events.write({"type": "expected", "control": reference or own, "pd": own,
-                  "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail")})  # fmt: skip
+                  "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail"),
+                  "failover": app["args"].get(failover.args_key())})  # fmt: skip
     with Load(endpoint, events, args.streams) as load:
         for key, name, title in (("decode", "decode replica killed", "ServeReplica:pd-openai:Decode"),
                                  ("prefill", "prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
@@ -800,6 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
               "streams": args.streams, "gpu": args.gpu, "faults_chosen": list(args.faults),
               "kv_load_failure_policy": expected and expected["kv_load_failure_policy"],
+              "failover": expected and expected.get("failover"),
               "pd_differs_from_control": differs,
               "gcs_fault_tolerance": store, "state_after_gcs_restart": state, "gcs_store_usage": usage,
               "faults": faults}  # fmt: skip
@@ -847,10 +891,30 @@ def holds(report: dict[str, Any]) -> bool:
         else:
             ok = ok and report["kv_pull_failed_lines"] > 0  # the engine logged its failed pulls
             ok = ok and (report["kv_load_failure_policy"] != "recompute" or kv["requests_failed"] == 0)
+    if report.get("failover"):
+        ok = ok and failover_holds(report)
     if report["gcs_fault_tolerance"] and "gcs" in report["faults_chosen"]:
         gcs = faults[-1] if faults else {}
         ok = ok and gcs.get("requests_failed") == 0 and bool(gcs.get("completed_while_gcs_down"))
         ok = ok and bool((report["state_after_gcs_restart"] or {}).get("controller_found"))
+    return ok
+
+
+def failover_holds(report: dict[str, Any]) -> bool:
+    """With the PD pair's failover: a prefill kill and a KV link cut fail no request; a decode kill
+    fails at most the requests in flight at it (decode streams already started cannot move); no
+    failed request took longer than the two replica waits; and after each replica fault and the
+    cut the pair served disaggregated again by itself."""
+    wait_s = float(report["failover"]["wait_s"])
+    ok = True
+    for fault in report["faults"]:
+        replica_or_kv = "replica killed" in fault["fault"] or "kv_cut_s" in fault
+        if not replica_or_kv:
+            continue
+        allowed = fault["in_flight_at_fault"] if fault["fault"].startswith("decode") else 0
+        ok = ok and fault["requests_failed"] <= allowed
+        ok = ok and (fault["longest_failed_s"] or 0.0) <= 2 * wait_s + FAILED_MARGIN_S
+        ok = ok and fault.get("disaggregated_again_s") is not None
     return ok
 
 

@@ -20,6 +20,13 @@ SIDES = ("prefill_config", "decode_config")
 # and this share of the GPU as a Ray resource.
 SHARED_GPU_UTILIZATION = 0.4
 SHARED_GPU_SHARE = 0.5
+# Two engines on one host, each with its own torch.distributed TCPStore. vLLM 0.26's Ray executor
+# (v1/executor/ray_executor_v2.py, _select_tcpstore_port) takes the first free port from
+# data_parallel_master_port + 100, and without data parallelism that port is VLLM_DP_MASTER_PORT
+# (default 0): both engines probe port 100 and the second to listen fails with EADDRINUSE (seen on
+# 2026-12-03; Serve restarted it, about 90 s). Each phase gets a window of its own here; on EKS each
+# engine has its pod's own network namespace.
+TCPSTORE_PORT_BASES = {"prefill_config": 24000, "decode_config": 25000}
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,8 @@ def gpu_profile(
 ) -> dict[str, Any]:
     """The deployed serve config with the documented GPU substitutions, nothing else: the local
     model, one replica per phase on one GPU each (a half each when the host has one GPU), NIXL's
-    backend for this host, the Triton GDN kernel where FlashInfer is missing."""
+    backend for this host, the Triton GDN kernel where FlashInfer is missing, and each engine's
+    TCPStore in a port window of its own (``TCPSTORE_PORT_BASES``)."""
     local = copy.deepcopy(deployed)
     for app in local["applications"]:
         for side in SIDES:
@@ -118,6 +126,8 @@ def gpu_profile(
                 engine["load_format"] = "dummy"
             if not host.flashinfer:
                 engine["gdn_prefill_backend"] = "triton"
+            env_vars = llm.setdefault("runtime_env", {}).setdefault("env_vars", {})
+            env_vars["VLLM_DP_MASTER_PORT"] = str(TCPSTORE_PORT_BASES[side])
             kv = engine["kv_transfer_config"]
             kv["kv_buffer_device"] = "cuda"
             kv["kv_connector_extra_config"]["backends"] = [host.kv_backend]

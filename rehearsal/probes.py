@@ -29,6 +29,20 @@ COUNTERS = {
 }
 
 
+# The failover's path counter (fault_tolerance/failover: METRIC), as Ray exports a Serve counter.
+PATHS_METRIC = "ray_eks_pd_requests_by_path_total"
+
+
+def paths_served(metrics_url: str) -> dict[str, float]:
+    """Requests by the path that served them, summed over the processes counting them (the
+    ingress counts prefill_whole and refused, decode the others)."""
+    found: dict[str, float] = {}
+    for name, labels, value in _samples(metrics_url):
+        if name == PATHS_METRIC:
+            found[labels.get("path", "")] = found.get(labels.get("path", ""), 0.0) + value
+    return found
+
+
 class ProbeFailed(RuntimeError):
     """A probe did not get what an OpenAI client expects."""
 

@@ -64,7 +64,9 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
             code, annotation = programs[folder]
             annotated = template.get("metadata", {}).get("annotations", {}).get(annotation)
             if annotated != code.source_digest():
-                raise ValueError(f"the template's {code.MODULE} code ({annotated}) is not this package's: synthesize again")
+                raise ValueError(
+                    f"the template's {code.MODULE} code ({annotated}) is not this package's: synthesize again"
+                )
             folders.append(str(Path(code.__file__).parent))
     folders.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     if folders:

@@ -33,7 +33,9 @@ import yaml
 
 PD_IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
 _BUILDER = "ray.llm._internal.serve.serving_patterns.prefill_decode.builder"
-FAILOVER_SOURCE = Path(__file__).resolve().parents[1] / "constructs/eks_pd_serving/fault_tolerance/failover/eks_pd_failover.py"
+FAILOVER_SOURCE = (
+    Path(__file__).resolve().parents[1] / "constructs/eks_pd_serving/fault_tolerance/failover/eks_pd_failover.py"
+)
 
 
 def failover_contract() -> tuple[str, str, set[str]]:

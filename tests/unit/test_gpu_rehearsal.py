@@ -37,7 +37,7 @@ def test_the_deployed_s3_source_maps_back_to_its_catalogue_row(deployed: dict[st
     """issue 37: `emulate` on the default template raised KeyError on the s3:// model source."""
     from eks_pd_serving.weights import weights_prefix
 
-    (prefill, _decode) = deployed["applications"][0]["args"].values()
+    prefill = deployed["applications"][0]["args"]["prefill_config"]
     source = prefill["model_loading_config"]["model_source"]
     assert source.startswith("s3://") and source not in MODELS
     assert gpu_profile.catalogue_source(source) == "Qwen/Qwen3.5-9B"
@@ -58,6 +58,7 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
             "engine_kwargs/load_format",
             "engine_kwargs/gdn_prefill_backend",
             "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
+            "runtime_env/env_vars/VLLM_DP_MASTER_PORT",
         )
     }
     decode = rehearsed["applications"][0]["args"]["decode_config"]["engine_kwargs"]
@@ -69,7 +70,11 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
 def test_an_efa_host_with_flashinfer_keeps_the_deployed_backend_and_kernels(deployed: dict[str, Any]) -> None:
     host = dataclasses.replace(H200, efa=True, flashinfer=True)
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), host, dummy_weights=False)
-    assert _changed(deployed, rehearsed) == {f"{side}/model_loading_config/model_source" for side in gpu_profile.SIDES}
+    assert _changed(deployed, rehearsed) == {
+        f"{side}/{key}"
+        for side in gpu_profile.SIDES
+        for key in ("model_loading_config/model_source", "runtime_env/env_vars/VLLM_DP_MASTER_PORT")
+    }
     assert gpu_profile.gpu_env({}, host) == {}
     assert gpu_profile.gpu_env({}, H200) == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
@@ -84,6 +89,21 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
     # Each engine's Ray worker asks for the bundle's half, not vLLM's default whole GPU.
     assert gpu_profile.gpu_env({}, host)["VLLM_RAY_PER_WORKER_GPUS"] == "0.5"
     assert "VLLM_RAY_PER_WORKER_GPUS" not in gpu_profile.gpu_env({}, H200)
+
+
+def test_the_two_engines_on_one_host_probe_disjoint_tcpstore_ports(deployed: dict[str, Any]) -> None:
+    # vLLM 0.26's Ray executor probes data_parallel_master_port + 100 onwards, 32 ports, and takes
+    # VLLM_DP_MASTER_PORT for that port without data parallelism: unset, both engines probed port
+    # 100 (EADDRINUSE on 2026-12-03).
+    rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), dataclasses.replace(H200, gpus=1), dummy_weights=True)
+    windows = []
+    for side in gpu_profile.SIDES:
+        base = int(rehearsed["applications"][0]["args"][side]["runtime_env"]["env_vars"]["VLLM_DP_MASTER_PORT"])
+        windows.append(set(range(base + 100, base + 132)))
+    prefill, decode = windows
+    assert prefill.isdisjoint(decode)
+    # Clear of the KV link's UCX ports, which the fault rehearsal's packet filter cuts.
+    assert all(port < 23000 or port > 23999 for port in prefill | decode)
 
 
 def test_the_colocated_baseline_is_the_decode_engine_without_a_connector(deployed: dict[str, Any]) -> None:

@@ -33,7 +33,6 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.responses import JSONResponse, Response
 from ray import serve
 from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
 from ray.llm._internal.serve.core.configs.openai_api_models import (
@@ -52,6 +51,7 @@ from ray.llm._internal.serve.core.server.builder import build_llm_deployment
 from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
 from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer, PDPrefillServer
+from starlette.responses import JSONResponse, Response
 
 IMPORT_PATH = "eks_pd_failover:build_failover_app"
 # The serve config's args: Ray's PDServingArgs plus this key, taken off before Ray validates them.
@@ -144,7 +144,9 @@ def retryable(chunk: Any) -> str | None:
     return None
 
 
-async def attempt(method: Any, args: tuple[Any, ...], wait_s: float, first_s: float | None = None) -> AsyncGenerator[Any, None]:
+async def attempt(
+    method: Any, args: tuple[Any, ...], wait_s: float, first_s: float | None = None
+) -> AsyncGenerator[Any, None]:
     """One engine's stream for ``args`` through ``method`` (a streaming handle's method), raising
     ``Refused`` before its first chunk when no replica takes it within ``wait_s`` (Serve's
     ``choose_replica`` bounds the router's wait and nothing else), its first chunk is a server
@@ -152,7 +154,7 @@ async def attempt(method: Any, args: tuple[Any, ...], wait_s: float, first_s: fl
     manager = method.choose_replica(*args)
     try:
         selection = await asyncio.wait_for(manager.__aenter__(), wait_s)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise Refused(f"no replica within {wait_s:g} s") from None
     except Exception as error:  # DeploymentUnavailableError, a replica that died while chosen
         raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
@@ -163,7 +165,7 @@ async def attempt(method: Any, args: tuple[Any, ...], wait_s: float, first_s: fl
             first = await asyncio.wait_for(stream.__anext__(), first_s)
         except StopAsyncIteration:
             raise Refused("ended before its first chunk") from None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stream.cancel()
             raise Refused(f"no answer within {first_s:g} s") from None
         except Exception as error:  # the replica or its engine died before answering
@@ -325,7 +327,9 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         wait_s, reasons = self._failover.wait_s, []
         if self._decode.admit():
             try:
-                async for chunk in self._first_then_rest(attempt(getattr(decode, call_method), (body, raw), wait_s), self._decode):
+                async for chunk in self._first_then_rest(
+                    attempt(getattr(decode, call_method), (body, raw), wait_s), self._decode
+                ):
                     yield chunk
                 return
             except Refused as refused:
