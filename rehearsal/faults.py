@@ -355,9 +355,10 @@ def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0
         if _serving_again(load.since(at), at + settle_s) is not None:
             break
         time.sleep(0.5)
-    time.sleep(2.0 + hold_s)
-    if paths:
+    held_from = time.time()
+    if paths:  # timed from the fault, not from the end of the hold
         _disaggregated_again(load, at, bound_s)
+    time.sleep(max(0.0, 2.0 + hold_s - (time.time() - held_from)))
     load.events.write(
         {"type": "fault_end", "name": name, "at": time.time(), "paths": paths_served(load.endpoint.metrics_url)}
     )

@@ -15,6 +15,8 @@ from typing import Any
 from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS, ModelFacts, gpu_slug
 from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
+from . import profile
+
 SIDES = ("prefill_config", "decode_config")
 # Two engines on one GPU: each takes this share of its memory (vLLM checks free memory at start),
 # and this share of the GPU as a Ray resource.
@@ -106,9 +108,11 @@ def gpu_profile(
     """The deployed serve config with the documented GPU substitutions, nothing else: the local
     model, one replica per phase on one GPU each (a half each when the host has one GPU), NIXL's
     backend for this host, the Triton GDN kernel where FlashInfer is missing, and each engine's
-    TCPStore in a port window of its own (``TCPSTORE_PORT_BASES``)."""
+    TCPStore in a port window of its own (``TCPSTORE_PORT_BASES``), every prompt disaggregated
+    (``profile.every_prompt_disaggregated``)."""
     local = copy.deepcopy(deployed)
     for app in local["applications"]:
+        profile.every_prompt_disaggregated(app)
         for side in SIDES:
             llm = app["args"][side]
             llm["model_loading_config"]["model_source"] = str(model_dir)

@@ -11,6 +11,8 @@ from typing import Any
 
 import httpx
 
+from eks_pd_serving.observability import catalogue as om
+
 MAX_TOKENS = 16
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
@@ -30,7 +32,7 @@ COUNTERS = {
 
 
 # The failover's path counter (fault_tolerance/failover: METRIC), as Ray exports a Serve counter.
-PATHS_METRIC = "ray_eks_pd_requests_by_path_total"
+PATHS_METRIC = om.REQUESTS_BY_PATH
 
 
 def paths_served(metrics_url: str) -> dict[str, float]:
@@ -77,7 +79,7 @@ def _samples(metrics_url: str) -> list[tuple[str, dict[str, str], float]]:
 _TYPE = re.compile(r"^# TYPE (?P<name>\S+) (?P<type>\S+)$")
 # Labels whose values say which component a sample came from; the others (ids, addresses) only
 # have their keys recorded.
-_CATALOGUED_VALUES = frozenset({"deployment", "application", "source", "engine", "model_name", "Component"})
+_CATALOGUED_VALUES = frozenset({"deployment", "application", "source", "engine", "model_name", "Component", "path"})
 
 
 def metric_catalogue(metrics_url: str) -> dict[str, dict[str, Any]]:

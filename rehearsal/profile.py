@@ -91,6 +91,7 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str 
     checkpoint's directory."""
     local = copy.deepcopy(deployed)
     for app in local["applications"]:
+        every_prompt_disaggregated(app)
         for side in ("prefill_config", "decode_config"):
             llm = app["args"][side]
             llm["model_loading_config"]["model_source"] = model_source or str(checkpoint)
@@ -111,6 +112,14 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str 
             kv["kv_buffer_device"] = LOCAL_KV_BUFFER_DEVICE
             kv["kv_connector_extra_config"]["backends"] = [LOCAL_KV_BACKEND]
     return local
+
+
+def every_prompt_disaggregated(app: dict[str, Any]) -> None:
+    """The failover's conditional disaggregation off (``short_prompt_tokens`` 0): the rehearsals'
+    prompts are all short, and what they rehearse is the KV moving from prefill to decode."""
+    failover_args = app["args"].get(failover.args_key())
+    if failover_args:
+        failover_args["short_prompt_tokens"] = 0
 
 
 def custom_resources(serve_config: dict[str, Any]) -> dict[str, float]:

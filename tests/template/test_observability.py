@@ -17,6 +17,7 @@ from eks_pd_serving import observability as om
 from eks_pd_serving import versions
 from eks_pd_serving.assembly import kubernetes_objects, resolve
 from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.fault_tolerance import failover
 from rehearsal.probes import NIXL_FAILED
 
 CATALOGUE = json.loads((FIXTURES / "ray-metrics-catalogue.json").read_text())["families"]
@@ -208,7 +209,15 @@ def test_every_ray_metric_on_the_dashboard_is_exported_by_ray_and_imported_by_th
         # values as `cost` counts series.
         labels = CATALOGUE[metric.name]["labels"]
         assert set(metric.dimensions) <= set(labels)
+        if metric.name == om.REQUESTS_BY_PATH:
+            # A healthy run serves every request one way; the failover's code names every path.
+            assert set(labels["path"]) <= set(failover.paths()) and metric.series == len(failover.paths())
+            continue
         assert metric.series == max([len(labels[d]) for d in metric.dimensions], default=1), metric.name
+
+
+def test_the_path_counter_is_the_failovers_own_as_ray_exports_it() -> None:
+    assert f"ray_{failover.metric()}_total" == om.REQUESTS_BY_PATH
 
 
 def test_the_check_fails_on_a_histogram_or_a_name_ray_does_not_export() -> None:

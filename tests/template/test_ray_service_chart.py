@@ -25,7 +25,7 @@ def default_service() -> dict[str, Any]:
 
 
 def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
-    namespace, workers, head, _code, _guard, service = render()
+    namespace, workers, head, _code, _guard, _failover, service = render()
     # The pods' service accounts exist in every configuration: a flipped setting never drops one
     # from the manifest (kubectl's prune would leave it in the cluster).
     assert [(a["kind"], a["metadata"]["name"]) for a in (workers, head)] == [
@@ -43,11 +43,61 @@ def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> Non
     assert renamed["metadata"] == {"name": "qwen", "namespace": "llm"}
 
 
-def test_serve_app_is_pd_openai_on_root(default_service: dict[str, Any]) -> None:
+def test_serve_app_is_pd_openai_on_root_built_with_failover(default_service: dict[str, Any]) -> None:
     (app,) = yaml.safe_load(default_service["spec"]["serveConfigV2"])["applications"]
-    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    assert app["import_path"] == "eks_pd_failover:build_failover_app"
     assert app["route_prefix"] == "/"
+    assert set(app["args"]) == {"prefill_config", "decode_config", "failover"}
+    # The settings' defaults, each written out.
+    assert app["args"]["failover"] == {"wait_s": 2.0, "prefill_timeout_s": 30.0, "short_prompt_tokens": 0}
+
+
+def test_without_failover_the_app_is_rays_own_builder_and_the_code_still_ships() -> None:
+    from eks_pd_serving.fault_tolerance import failover
+
+    objects = render(pd_failover=False)
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
+    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
     assert set(app["args"]) == {"prefill_config", "decode_config"}
+    # Shipped and mounted in both settings: turning failover on again is a serve-config change only.
+    assert [o for o in objects if o["kind"] == "ConfigMap" and failover.FILE_NAME in o["data"]]
+    assert service["spec"]["rayClusterConfig"] == ray_service()["spec"]["rayClusterConfig"]
+
+
+def test_the_failover_settings_reach_the_builders_args() -> None:
+    args = serve_args(ray_service(failover_wait_s=0.5, failover_prefill_timeout_s=12, short_prompt_tokens=64))
+    assert args["failover"] == {"wait_s": 0.5, "prefill_timeout_s": 12.0, "short_prompt_tokens": 64}
+
+
+def test_the_head_and_every_worker_mount_the_failover_code_on_their_pythonpath() -> None:
+    """The application is built, and its ingress may run, on any Ray pod: the head's too."""
+    from eks_pd_serving.fault_tolerance import failover
+
+    objects = render(api_keys=True)
+    (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and failover.FILE_NAME in o["data"]]
+    assert config_map["metadata"]["name"] == "ray-llm-failover-code"
+    assert config_map["data"][failover.FILE_NAME] == failover.source()
+    (service,) = [o for o in objects if o["kind"] == "RayService"]
+    cluster = service["spec"]["rayClusterConfig"]
+    templates = [cluster["headGroupSpec"]["template"], *(g["template"] for g in cluster["workerGroupSpecs"])]
+    for template in templates:
+        assert template["metadata"]["annotations"]["eks-pd-serving/failover-code"] == failover.source_digest()
+        (container,) = template["spec"]["containers"]
+        assert failover.MOUNT_PATH in {m["mountPath"] for m in container["volumeMounts"]}
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert failover.MOUNT_PATH in env["PYTHONPATH"].split(":")
+        volumes = {v["name"]: v for v in template["spec"]["volumes"]}
+        assert volumes["failover-code"]["configMap"] == {"name": "ray-llm-failover-code"}
+
+
+def test_a_failover_setting_without_failover_is_refused() -> None:
+    from eks_pd_serving.config import ConfigError
+
+    with pytest.raises(ConfigError, match="short_prompt_tokens=64 has no effect with pd_failover=false"):
+        ray_service(pd_failover=False, short_prompt_tokens=64)
+    with pytest.raises(ConfigError, match="short_prompt_tokens=4096 is not under max_model_len=4096"):
+        ray_service(short_prompt_tokens=4096)
 
 
 @pytest.mark.parametrize(("phase", "role"), [("prefill", "kv_producer"), ("decode", "kv_consumer")])
@@ -138,16 +188,19 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert env["RAY_LOG_TO_STDERR"]["value"] == "1"  # engine lines in the pod log, not /tmp/ray files
     assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
-    # The KV guard's code, mounted whether the guard is on or off (RayServiceProps.kv_guard_program).
+    # The KV guard's and the failover's code, mounted whether each is on or off
+    # (RayServiceProps.kv_guard_program, failover_program).
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "kv-guard-code", "mountPath": "/opt/eks-pd/kv-guard", "readOnly": True},
+        {"name": "failover-code", "mountPath": "/opt/eks-pd/failover", "readOnly": True},
     ]
     assert spec["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}},
         {"name": "kv-guard-code", "configMap": {"name": "ray-llm-kv-guard-code"}},
+        {"name": "failover-code", "configMap": {"name": "ray-llm-failover-code"}},
     ]
-    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard"
+    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard:/opt/eks-pd/failover"
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:

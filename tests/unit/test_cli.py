@@ -105,15 +105,15 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     # + Qwen3.5-9B's bf16 checkpoint in S3: 2 x 9.02e9 bytes = 18.0 GB x 0.023 / 720 h
     # + the GCS store: 2 x cache.t4g.small (Valkey) x 0.0256, its token's secret 0.40 / 720 h
     # + observability a month: 1 dashboard x 3.00, 4 alarm metrics (UCX 1, KV-over-EFA 2, failed
-    #   pulls 1) x 0.10, 15 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2
-    #   sources, 2 vLLM totals, the UCX and failed-pull line counts) x 0.30
-    observability = (3.00 + 4 * 0.10 + 15 * 0.30) / 720
+    #   pulls 1) x 0.10, 20 custom metrics (3 Serve metrics x 3 deployments, prompt tokens x 2
+    #   sources, 2 vLLM totals, the failover's 5 paths, the UCX and failed-pull line counts) x 0.30
+    observability = (3.00 + 4 * 0.10 + 20 * 0.30) / 720
     weights = 18.0 * 0.023 / 720
     gcs_store = 2 * 0.0256 + 0.40 / 720
     assert hourly == pytest.approx(
         0.10 + 0.045 + 0.2016 + 2 * 2.0144 + 500 * 0.08 / 720 + 5 / 720 + weights + gcs_store + observability
     )
-    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3240.87, abs=0.01)
+    assert hourly * cost.HOURS_30_DAYS == pytest.approx(3242.37, abs=0.01)
     assert {line.item for line in lines} >= {
         "CloudWatch dashboard",
         "CloudWatch alarm metrics",
@@ -159,7 +159,7 @@ def test_cost_labels_a_region_without_a_table(template_file: Path) -> None:
 def test_cost_command_prints_a_labelled_estimate(template_file: Path) -> None:
     result = cli("cost", "--template", str(template_file), "--on", "2026-11-29")
     assert result.returncode == 0
-    assert "total (estimate)" in result.stdout and "$3,240.87" in result.stdout
+    assert "total (estimate)" in result.stdout and "$3,242.37" in result.stdout
 
 
 # --- k8s-diff --------------------------------------------------------------------------------
@@ -558,6 +558,75 @@ def test_verify_efa_fails_when_requests_were_served_and_efa_stood_still() -> Non
 def test_verify_efa_fails_with_the_addon_to_check_when_no_metric_arrives() -> None:
     client, _ = efa_client([], [], [])
     check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
+    assert not check.passed and "amazon-cloudwatch" in check.detail
+
+
+# --- verify: the pair served the test request (the failover's path counter, from CloudWatch) ----
+def paths_client(*answers: dict[str, list[float]]) -> tuple[Any, Stubber]:
+    """CloudWatch answering GetMetricData with ``answers`` in turn (each path's one-minute sums),
+    and checking verify asks for every path of the failover's counter on the cluster."""
+    from eks_pd_serving.fault_tolerance import failover
+
+    client = boto3.client("cloudwatch", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    stub = Stubber(client)
+    paths = failover.paths()
+    queries = [
+        {
+            "Id": f"p{index}",
+            "Label": path,
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": "EksPdServing",
+                    "MetricName": "ray_eks_pd_requests_by_path_total",
+                    "Dimensions": [
+                        {"Name": "ClusterName", "Value": "ray-llm-multinode"},
+                        {"Name": "path", "Value": path},
+                    ],
+                },
+                "Period": 60,
+                "Stat": "Sum",
+            },
+        }
+        for index, path in enumerate(paths)
+    ]
+    start = SENT.replace(second=0)
+    for values in answers:
+        results = [
+            {"Id": f"p{i}", "Label": p, "Values": values.get(p, []), "StatusCode": "Complete"}
+            for i, p in enumerate(paths)
+        ]
+        stub.add_response(
+            "get_metric_data",
+            {"MetricDataResults": results},
+            {"MetricDataQueries": queries, "StartTime": start, "EndTime": start + datetime.timedelta(minutes=5)},
+        )
+    stub.activate()
+    return client, stub
+
+
+def test_verify_paths_ask_for_every_path_the_failover_counts() -> None:
+    from eks_pd_serving.fault_tolerance import failover
+
+    assert (*verify.PAIR_PATHS, *verify.FALLBACK_PATHS) == failover.paths()
+
+
+def test_verify_paths_pass_once_the_pair_served_and_nothing_fell_back() -> None:
+    client, stub = paths_client({}, {"disaggregated": [1.0]})
+    waits: list[float] = []
+    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 240, sleep=waits.append)
+    assert check.passed and "disaggregated 1" in check.detail and waits == [15.0]
+    stub.assert_no_pending_responses()
+
+
+def test_verify_paths_fail_on_a_request_one_engine_served_alone() -> None:
+    client, _ = paths_client({"disaggregated": [3.0], "prefill_whole": [1.0]})
+    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None)
+    assert not check.passed and "prefill_whole 1" in check.detail and "Fix:" in check.detail
+
+
+def test_verify_paths_fail_with_the_addon_to_check_when_no_count_arrives() -> None:
+    client, _ = paths_client({}, {}, {})
+    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
     assert not check.passed and "amazon-cloudwatch" in check.detail
 
 

@@ -12,6 +12,9 @@
 - with observability: the GPU nodes' EFA byte counters moved in the minutes of that request
   (Container Insights' node_efa_rx_bytes, read from CloudWatch; it arrives a minute or two late,
   so verify waits up to --efa-wait-s): the KV crossed EFA, not only LIBFABRIC was instantiated;
+- with pd_failover (and observability): the requests since the test request were served by the
+  pair, disaggregated (or, under short_prompt_tokens, on decode alone), none by one engine for the
+  other (the failover's path counter, read from CloudWatch as the EFA counters are);
 - with api_keys: a request without a key gets 401 and one with the key is served (the key from
   --api-key, or $EKS_PD_API_KEY: the stack's ApiKeyCommand output prints one);
 - the serving namespace's NetworkPolicies are in place (the Ray head closed to other pods);
@@ -42,6 +45,7 @@ from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_witho
 from ..k8s.network import LOCK_DOWN_POLICIES, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
+from ..observability import catalogue as om
 from ._common import add_config_arguments, console, load_config, table
 
 LIBFABRIC = LIBFABRIC_LINE
@@ -350,6 +354,76 @@ def check_efa_traffic(
         waited += 15.0
 
 
+# The failover's paths (fault_tolerance/failover: PATHS): served by the pair, or by one engine.
+PAIR_PATHS = ("disaggregated", "short_prompt")
+FALLBACK_PATHS = {
+    "local_prefill": "decode prefilled locally: prefill had no replica, failed or timed out",
+    "prefill_whole": "the prefill engine served requests whole: decode had no replica or refused them",
+    "refused": "HTTP 503: neither engine could serve",
+}
+
+
+def check_served_paths(
+    cloudwatch: Any,
+    cluster_name: str,
+    sent: datetime.datetime,
+    wait_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Check:
+    """Requests by the path that served them in the minutes from ``sent`` (the failover's counter,
+    one-minute sums, dimensions ClusterName and path). Passes once the pair served and no request
+    fell back; fails on any fallback, or when no count arrived in ``wait_s``."""
+    start = sent.replace(second=0, microsecond=0)
+    paths = (*PAIR_PATHS, *FALLBACK_PATHS)
+    queries = [
+        {
+            "Id": f"p{index}",
+            "Label": path,
+            "MetricStat": {
+                "Metric": {
+                    "Namespace": om.METRIC_NAMESPACE,
+                    "MetricName": om.REQUESTS_BY_PATH,
+                    "Dimensions": [{"Name": "ClusterName", "Value": cluster_name}, {"Name": "path", "Value": path}],
+                },
+                "Period": 60,
+                "Stat": "Sum",
+            },
+        }
+        for index, path in enumerate(paths)
+    ]
+    waited = 0.0
+    while True:
+        end = start + datetime.timedelta(minutes=5)
+        result = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
+        counts = {r["Label"]: sum(r["Values"]) for r in result["MetricDataResults"]}
+        fallen = {path: counts.get(path, 0.0) for path in FALLBACK_PATHS if counts.get(path, 0.0) > 0}
+        if fallen:
+            detail = "; ".join(f"{path} {n:.0f} ({FALLBACK_PATHS[path]})" for path, n in fallen.items())
+            return Check(
+                "served by the pair",
+                False,
+                f"since the test request: {detail}. Fix: find the phase without a healthy replica "
+                "(kubectl -n <namespace> get pods; the Ray dashboard's Serve page); the pair serves "
+                "disaggregated again by itself once it is back",
+            )
+        served = {path: counts.get(path, 0.0) for path in PAIR_PATHS if counts.get(path, 0.0) > 0}
+        if served:
+            return Check(
+                "served by the pair",
+                True,
+                ", ".join(f"{path} {n:.0f}" for path, n in served.items()) + " since the test request",
+            )
+        if waited >= wait_s:
+            return Check(
+                "served by the pair",
+                False,
+                f"no {om.REQUESTS_BY_PATH} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
+                "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
+            )
+        sleep(15.0)
+        waited += 15.0
+
+
 def run(args: argparse.Namespace) -> int:
     from kubernetes import client, config
 
@@ -394,6 +468,8 @@ def run(args: argparse.Namespace) -> int:
             checks.append(Check("endpoint", True, f"models {report.models}; TTFT {report.ttft_s * 1000:.0f} ms"))
             if settings.observability:
                 checks.append(_efa_check(args, settings, sent))
+                if settings.pd_failover:
+                    checks.append(_paths_check(args, settings, sent))
         except (EndpointFailed, httpx.HTTPError) as error:
             checks.append(Check("endpoint", False, f"{error}; port-forward 8000"))
     rows = [[c.name, "[green]ok[/green]" if c.passed else "[red]FAIL[/red]", c.detail] for c in checks]
@@ -405,6 +481,19 @@ def _aws(args: argparse.Namespace, settings: Any, service: str) -> Any:
     import boto3
 
     return boto3.Session(profile_name=args.profile, region_name=settings.region).client(service)
+
+
+def _paths_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
+    import botocore.exceptions
+
+    try:
+        return check_served_paths(_aws(args, settings, "cloudwatch"), settings.cluster_name, sent, args.efa_wait_s)
+    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
+        return Check(
+            "served by the pair",
+            False,
+            f"CloudWatch unreadable ({error}). Fix: credentials with cloudwatch:GetMetricData",
+        )
 
 
 def _efa_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:

@@ -638,11 +638,14 @@ class Settings(BaseModel):
         json_schema_extra=_hint("seconds, above 0 and at most 600"),
     )
     short_prompt_tokens: int = Field(
-        0,
+        128,
         ge=0,
         description=(
-            "Conditional disaggregation: prompts with fewer tokens than this are served on decode alone, "
-            "skipping the KV transfer; 0: every prompt is prefilled remotely. Needs pd_failover."
+            "Conditional disaggregation: prompts of at most this many tokens (as decode's tokenizer counts them, "
+            "chat template included) are served on decode alone, skipping the KV transfer; 0: every prompt is "
+            "prefilled remotely. Default: the 128-token prompts of the 2026-11-30 GPU bench, whose prefill did "
+            "not stall the colocated engine's streams (the 3,000-token ones did) and cost 205 ms more time to "
+            "first token through PD. Needs pd_failover."
         ),
         json_schema_extra=_hint("a whole number of tokens, 0 or more"),
     )

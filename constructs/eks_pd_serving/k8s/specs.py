@@ -129,7 +129,7 @@ class FailoverSpec:
     """The PD pair's failover (``eks_pd_failover``): the serve config's import path names its
     builder, which reads ``args_key`` from the args. ``wait_s``: the longest a request waits for a
     replica of one engine; ``prefill_timeout_s``: for prefill's answer; ``short_prompt_tokens``:
-    prompts with fewer tokens are served on decode alone (0: none)."""
+    prompts of at most this many tokens are served on decode alone (0: none)."""
 
     import_path: str
     args_key: str

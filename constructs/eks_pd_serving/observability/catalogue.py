@@ -82,6 +82,7 @@ class RayMetric:
     series: int = 1
 
 
+REQUESTS_BY_PATH: Final = "ray_eks_pd_requests_by_path_total"
 # Each family is one Ray exported in every rehearsal run: some (Serve's replica-health gauge, the
 # node and component families) were there in one run and missing from the next, and are left out.
 # Serve's own metrics carry the deployment ("Prefill:<model>", "Decode:<model>", "OpenAiIngress"):
@@ -94,6 +95,9 @@ RAY_METRICS: Final = (
     RayMetric("ray_vllm_generation_tokens_total", "counter", ()),
     RayMetric("ray_vllm_request_success_total", "counter", ()),
     RayMetric("ray_vllm_prompt_tokens_by_source_total", "counter", ("source",), 2),
+    # The PD pair's failover (fault_tolerance/failover, METRIC): requests by the path that served
+    # them, one series a path (disaggregated, short_prompt, local_prefill, prefill_whole, refused).
+    RayMetric(REQUESTS_BY_PATH, "counter", ("path",), 5),
 )
 # Failed NIXL pulls as the decode engine counts them (vLLM's ``vllm:nixl_num_failed_transfers``,
 # one a failed transfer): what the KvPullFailed alarm watches. Both recorded catalogues (runs with

@@ -167,6 +167,18 @@ class ServingDashboard(Construct):
                     graph("Requests a minute, per deployment", ray("ray_serve_deployment_request_counter_total")),
                 ],
                 [
+                    cw.GraphWidget(
+                        title=(
+                            "Requests a minute, by the path that served them (failover: local_prefill = prefill "
+                            "down, prefill_whole = decode down, refused = both)"
+                        ),
+                        left=ray(om.REQUESTS_BY_PATH),
+                        width=3 * WIDTH,
+                        height=HEIGHT,
+                        left_y_axis=cw.YAxisProps(show_units=False, min=0),
+                    )
+                ],
+                [
                     graph("Generated tokens a second", [tokens_per_s]),
                     graph("Finished requests a minute (every engine)", ray("ray_vllm_request_success_total")),
                     graph(

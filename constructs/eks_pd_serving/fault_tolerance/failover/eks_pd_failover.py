@@ -14,7 +14,7 @@ vLLM engines of one model. ``build_failover_app`` composes the same public piece
   engine dead before streaming, a replica that died): nothing was sent, so the retry is safe;
 - neither can serve: HTTP 503 with ``Retry-After`` at once; no request waits for replicas longer
   than ``wait_s`` for each of the two engines;
-- prompts under ``short_prompt_tokens`` are served on decode alone (conditional disaggregation:
+- prompts of at most ``short_prompt_tokens`` tokens are served on decode alone (conditional disaggregation:
   the transfer costs more than it saves);
 - a phase that failed is skipped for ``COOLDOWN_S``; then one request probes it while the others
   keep the fallback, and its success brings the pair back to disaggregated serving by itself.
@@ -57,6 +57,7 @@ IMPORT_PATH = "eks_pd_failover:build_failover_app"
 # The serve config's args: Ray's PDServingArgs plus this key, taken off before Ray validates them.
 ARGS_KEY = "failover"
 METRIC = "eks_pd_requests_by_path"
+INGRESS_NAME = "OpenAiIngress"
 # disaggregated: remote prefill, then decode. short_prompt: on decode alone, by the threshold.
 # local_prefill: prefill could not serve, decode prefilled itself. prefill_whole: decode could
 # not serve, the prefill engine served it whole. refused: neither could (HTTP 503).
@@ -77,7 +78,7 @@ logger = logging.getLogger("ray.serve")
 class Failover:
     """The serve config's ``failover`` args. ``wait_s``: the longest a request waits for a replica
     of one engine; ``prefill_timeout_s``: for prefill's answer once dispatched; ``short_prompt_tokens``:
-    prompts with fewer tokens skip the transfer (0: none do)."""
+    prompts of at most this many tokens skip the transfer (0: none do)."""
 
     wait_s: float
     prefill_timeout_s: float
@@ -242,7 +243,7 @@ class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
         failover = self._failover
         if failover.short_prompt_tokens:
             tokens = await self._prompt_tokens(request)
-            if tokens is not None and tokens < failover.short_prompt_tokens:
+            if tokens is not None and tokens <= failover.short_prompt_tokens:
                 async for chunk in self._local(method, request, raw_request_info, "short_prompt"):
                     yield chunk
                 return
@@ -396,6 +397,8 @@ def build_failover_app(args: dict[str, Any]) -> Any:
     options = maybe_apply_llm_deployment_config_defaults(
         FailoverIngress.get_deployment_options([pd.decode_config]), pd.ingress_deployment_config
     )
+    # Ray's ingress deployment's name (its class's), so dashboards and alarms see the same deployments.
+    options = {"name": INGRESS_NAME, **options}
     model_id = pd.decode_config.model_id
     return serve.deployment(make_fastapi_ingress(FailoverIngress), **options).bind(
         llm_deployments={model_id: decode},

@@ -1,0 +1,142 @@
+"""The failover's building blocks against Ray Serve itself (its router, ``choose_replica`` and
+``dispatch``, real replicas that answer, refuse, hang or die), run by
+tests/rehearsal/test_failover.py in the rehearsal's virtualenv: prints ``ok <case>`` for each.
+The whole pair on real engines is the fault rehearsal's (``make rehearse-faults``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/failover"))
+
+import eks_pd_failover as failover
+import ray
+from ray import serve
+from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, ErrorResponse
+from ray.serve.api import RunTarget
+
+
+@serve.deployment(max_ongoing_requests=8)
+class Engine:
+    """A stand-in engine with one behaviour, served by Serve's own replicas."""
+
+    def __init__(self, behaviour: str) -> None:
+        self.behaviour = behaviour
+
+    async def chat(self, request: str, raw: Any = None) -> Any:
+        behaviour = self.behaviour
+        if behaviour == "dies":
+            os._exit(1)  # the replica's process, mid-request, before any chunk
+        if behaviour == "raises":
+            raise RuntimeError("EngineDeadError: the engine died")
+        if behaviour == "hangs":
+            await asyncio.sleep(60)
+        if behaviour in ("503", "400"):
+            yield ErrorResponse(error=ErrorInfo(message=f"refused {behaviour}", type="X", code=int(behaviour)))
+            return
+        for chunk in (f"{request}:1", f"{request}:2", f"{request}:3"):
+            yield chunk
+
+
+def handle(app: str) -> Any:
+    return serve.get_deployment_handle("Engine", app_name=app).options(stream=True).chat
+
+
+async def collect(method: Any, wait_s: float = 2.0, first_s: float | None = None) -> list[Any]:
+    return [chunk async for chunk in failover.attempt(method, ("q", None), wait_s, first_s)]
+
+
+async def refused(method: Any, wait_s: float = 2.0, first_s: float | None = None) -> tuple[str, float]:
+    started = time.monotonic()
+    try:
+        chunks = await collect(method, wait_s, first_s)
+    except failover.Refused as error:
+        return str(error), time.monotonic() - started
+    raise AssertionError(f"not refused: {chunks}")
+
+
+async def main() -> None:
+    ok = handle("ok")
+    assert await collect(ok) == ["q:1", "q:2", "q:3"]
+    assert await collect(ok, first_s=5) == ["q:1", "q:2", "q:3"]
+    print("ok a live replica's chunks stream through unchanged")
+
+    reason, _ = await refused(handle("503"))
+    assert reason.startswith("HTTP 503") and "refused 503" in reason
+    (chunk,) = await collect(handle("400"))
+    assert isinstance(chunk, ErrorResponse) and chunk.error.code == 400
+    # The choice was released: the replica takes the next request at once.
+    assert await asyncio.wait_for(collect(ok), 10) == ["q:1", "q:2", "q:3"]
+    print("ok a server error before the first chunk is refused; a client error passes through")
+
+    reason, _ = await refused(handle("raises"))
+    assert "EngineDeadError" in reason
+    reason, took = await refused(handle("hangs"), first_s=1.0)
+    assert "no answer within 1 s" in reason and took < 3, (reason, took)
+    print("ok an engine that raises, or answers later than first_s, is refused before any chunk")
+
+    # No replica at all (it asks for a resource no node has): Serve's router holds the request.
+    none = handle("none")
+    reason, took = await refused(none, wait_s=1.0)
+    assert reason == "no replica within 1 s" and 0.9 < took < 3, (reason, took)
+    held = asyncio.ensure_future(none.remote("q", None).__anext__())
+    await asyncio.sleep(5)
+    assert not held.done()  # the control: the plain call is still held after 5 s
+    held.cancel()
+    print("ok no replica: refused after wait_s; the plain handle call is still held after 5 s (control)")
+
+    reason, took = await refused(handle("dies"), wait_s=5.0)
+    assert took < 30 and "no replica" not in reason, (reason, took)
+    print(f"  the dead replica's refusal: {reason}")
+    print("ok a replica that dies before its first chunk is refused")
+
+    now = [0.0]
+    breaker = failover.Breaker("prefill", cooldown_s=5.0, clock=lambda: now[0])
+    assert breaker.admit()
+    breaker.failed("x")
+    assert not breaker.admit()
+    now[0] = 5.0
+    assert breaker.admit() and not breaker.admit()  # one probe at a time
+    breaker.failed("again")
+    now[0] = 9.9
+    assert not breaker.admit()
+    now[0] = 10.0
+    assert breaker.admit()
+    breaker.released()  # the probe's client went away: another may probe
+    assert breaker.admit()
+    breaker.succeeded()
+    assert breaker.admit() and breaker.admit()
+    print("ok breaker: skipped for the cooldown, then one probe at a time, closed by a success")
+
+    for bad in (None, {"wait_s": 0, "prefill_timeout_s": 1}, {"wait_s": 1, "prefill_timeout_s": 1, "x": 1}):
+        try:
+            failover.Failover.parse(bad)
+        except ValueError as error:
+            assert failover.ARGS_KEY in str(error)
+        else:
+            raise AssertionError(f"accepted {bad}")
+    print("ok the builder's args are checked")
+
+
+if __name__ == "__main__":
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": 0})
+        targets = [
+            RunTarget(Engine.bind(b), name=b, route_prefix=None)
+            for b in ("ok", "503", "400", "raises", "hangs", "dies")
+        ]
+        serve.run_many(targets)
+        unplaceable = Engine.options(ray_actor_options={"num_cpus": 0, "resources": {"no-such-node": 1}})
+        serve.run_many(
+            [RunTarget(unplaceable.bind("none"), name="none", route_prefix=None)], wait_for_applications_running=False
+        )
+        asyncio.run(main())
+    finally:
+        serve.shutdown()
+        ray.shutdown()

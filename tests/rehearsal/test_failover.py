@@ -1,0 +1,31 @@
+"""The failover's building blocks against Ray Serve's own router and replicas
+(tests/rehearsal/failover_cases.py), in the rehearsal's virtualenv (Ray 2.60, vLLM 0.32 CPU)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+CASES = Path(__file__).with_name("failover_cases.py")
+EXPECTED = (
+    "a live replica's chunks stream through unchanged",
+    "a server error before the first chunk is refused; a client error passes through",
+    "an engine that raises, or answers later than first_s, is refused before any chunk",
+    "no replica: refused after wait_s; the plain handle call is still held after 5 s (control)",
+    "a replica that dies before its first chunk is refused",
+    "breaker: skipped for the cooldown, then one probe at a time, closed by a success",
+    "the builder's args are checked",
+)
+
+
+@pytest.mark.skipif(not os.environ.get("EKS_PD_REHEARSE_PYTHON"), reason="needs the rehearsal virtualenv (make test)")
+def test_the_failover_refuses_before_the_first_chunk_and_bounds_the_routers_wait() -> None:
+    ran = subprocess.run(
+        [os.environ["EKS_PD_REHEARSE_PYTHON"], str(CASES)], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
+    cases = [line[3:] for line in ran.stdout.splitlines() if line.startswith("ok ")]
+    assert cases == list(EXPECTED)
