@@ -23,7 +23,15 @@ from eks_pd_serving.endpoint_check import check_endpoint
 from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
 
 from . import api_keys, autoscale, profile, verdict
-from .probes import Endpoint, ProbeFailed, metric_catalogue, run_probes, worker_joins
+from .probes import (
+    Endpoint,
+    ProbeFailed,
+    metric_catalogue,
+    run_probes,
+    short_prompts,
+    short_prompts_judged,
+    worker_joins,
+)
 from .processes import MARKER, marked_processes
 
 PROMPTS = [
@@ -172,6 +180,10 @@ class Rehearsal:
     started: float
     control: dict[str, Any] | None = None
     keys: api_keys.LocalKeys | None = None
+    # The deployed conditional-disaggregation threshold (the profile rehearses every prompt
+    # disaggregated): above 0, the PD app is deployed again with it and probed with a prompt
+    # within it and one past it.
+    short_prompt_tokens: int = 0
 
 
 def rehearse_both(run: Rehearsal) -> dict[str, Any]:
@@ -218,10 +230,28 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
                 histograms = [family for family, kind in OTLP_METRICS if kind == "histogram"]
                 report["metric_joins"] = worker_joins(endpoint.metrics_url, histograms, JOIN_METRIC)
             undeploy(config)
+            if config is rehearsed and run.short_prompt_tokens:
+                log(f"== pd: deploying again with the deployed short_prompt_tokens={run.short_prompt_tokens}")
+                short = with_short_prompts(rehearsed, run.short_prompt_tokens)
+                deploy(build(short), http_port, run.timeout_s)
+                report["short_prompts"] = short_prompts(endpoint, run.short_prompt_tokens)
+                undeploy(short)
     if keys:
         # After Ray is down: every log file it wrote this run, searched for the keys.
         report["api_keys"]["logs"] = api_keys.scan_logs(report["api_keys"]["session_dir"], used)
     return report
+
+
+def with_short_prompts(serve_config: dict[str, Any], threshold: int) -> dict[str, Any]:
+    """``serve_config`` with the failover's conditional disaggregation at ``threshold``."""
+    import copy
+
+    from eks_pd_serving.fault_tolerance import failover
+
+    changed = copy.deepcopy(serve_config)
+    for app in changed["applications"]:
+        app["args"][failover.args_key()]["short_prompt_tokens"] = threshold
+    return changed
 
 
 def recorded(report: dict[str, Any], report_file: Path, action: Callable[[], dict[str, Any]]) -> int | None:
@@ -251,6 +281,9 @@ def rehearse_and_judge(report: dict[str, Any], run: Rehearsal, report_file: Path
     if run.keys:
         keyed, key_lines = api_keys.judge(report["api_keys"])
         ok, lines = ok and keyed, lines + key_lines
+    if run.short_prompt_tokens:
+        short, short_lines = short_prompts_judged(report["short_prompts"], run.short_prompt_tokens)
+        ok, lines = ok and short, lines + short_lines
     scaling = autoscale.decode_scaling(run.rehearsed)
     if scaling:
         scaled, scale_lines = autoscale.judge(report["autoscale"], scaling)

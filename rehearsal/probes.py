@@ -298,3 +298,52 @@ def run_probes(endpoint: Endpoint, prompts: list[str]) -> dict[str, Any]:
         _check(client.get("/v1/models").status_code == 200, "server down after bad requests")
         result["errors"] = {"malformed": bad.status_code, "unknown_model": unknown.status_code}
     return result
+
+
+def short_prompts(endpoint: Endpoint, threshold: int) -> dict[str, Any]:
+    """Conditional disaggregation as a client meets it: a chat prompt within ``threshold`` tokens
+    and one past it, each alone. For each: its prompt tokens, the paths the failover counted and
+    the KV decode loaded from prefill while it ran."""
+    found: dict[str, Any] = {}
+    with endpoint.client(120) as client:
+        # Grown until the app's own /tokenize (the decode engine's count, chat template included)
+        # puts it past the threshold.
+        words: list[str] = []
+        while True:
+            words += ["prefill", "decode", "cache", "block", "transfer"]
+            body = {"model": endpoint.model_id, "messages": [{"role": "user", "content": " ".join(words)}]}
+            counted = client.post("/tokenize", json=body)
+            _check(counted.status_code == 200, f"/tokenize: HTTP {counted.status_code} {counted.text[:200]}")
+            if counted.json()["count"] > threshold or len(words) > 4 * threshold:
+                break
+        past = " ".join(words)
+        tracker = CounterTracker(endpoint.metrics_url)
+        for name, prompt in (("within", "The quick brown fox"), ("past", past)):
+            before = paths_served(endpoint.metrics_url)
+            result = tracker.measured(lambda q=prompt: chat(client, endpoint, q))  # type: ignore[misc]
+            after = paths_served(endpoint.metrics_url)
+            result["paths"] = {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0)}
+            result.pop("text")
+            result["prompt"] = result["prompt"][:40]
+            found[name] = result
+    return found
+
+
+def short_prompts_judged(found: dict[str, Any], threshold: int) -> tuple[bool, list[str]]:
+    """Within the threshold: served on decode alone, no KV loaded; past it: disaggregated, KV loaded."""
+    within, past = found["within"], found["past"]
+    ok = (
+        within["prompt_tokens"] <= threshold < past["prompt_tokens"]
+        and within["paths"] == {"short_prompt": 1.0}
+        and within["engine"]["external_kv_tokens"] == 0
+        and past["paths"] == {"disaggregated": 1.0}
+        and past["engine"]["external_kv_tokens"] > 0
+    )
+    shown = [
+        f"{r['prompt_tokens']} tokens -> {r['paths']}, KV loaded {r['engine']['external_kv_tokens']:.0f}"
+        for r in (within, past)
+    ]
+    line = f"{'PASS' if ok else 'FAIL'}: short prompts (at most {threshold} tokens) on decode alone: " + "; ".join(
+        shown
+    )
+    return ok, [line]

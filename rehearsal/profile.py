@@ -67,7 +67,7 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
                 raise ValueError(
                     f"the template's {code.MODULE} code ({annotated}) is not this package's: synthesize again"
                 )
-            folders.append(str(Path(code.__file__).parent))
+            folders.append(str(Path(str(code.__file__)).parent))
     folders.extend(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)
     if folders:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(folders))

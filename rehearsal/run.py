@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eks_pd_serving.fault_tolerance import failover
+
 from . import api_keys, profile, s3_weights, tiny_checkpoint
 from .harness import LOCAL_ENV, Rehearsal, free_port, log, rehearse_and_judge
 
@@ -75,7 +77,12 @@ def _rehearse(
     model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
-    run = Rehearsal(rehearsed, env, model_id, args.timeout_s, started, keys=keys)
+    failover_args = app["args"].get(failover.args_key()) or {}
+    threshold = 0 if args.serve_config else int(failover_args.get("short_prompt_tokens", 0))
+    if threshold + 64 > profile.LOCAL_MAX_MODEL_LEN:
+        log(f"short_prompt_tokens={threshold}: no prompt past it fits the local max_model_len; not probed")
+        threshold = 0
+    run = Rehearsal(rehearsed, env, model_id, args.timeout_s, started, keys=keys, short_prompt_tokens=threshold)
     status = rehearse_and_judge(report, run, args.report)
     if weights is None or args.serve_config:
         return status

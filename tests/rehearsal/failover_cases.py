@@ -75,7 +75,7 @@ async def main() -> None:
     print("ok a server error before the first chunk is refused; a client error passes through")
 
     reason, _ = await refused(handle("raises"))
-    assert "EngineDeadError" in reason
+    assert "RuntimeError" in reason, reason
     reason, took = await refused(handle("hangs"), first_s=1.0)
     assert "no answer within 1 s" in reason and took < 3, (reason, took)
     print("ok an engine that raises, or answers later than first_s, is refused before any chunk")
@@ -128,11 +128,12 @@ if __name__ == "__main__":
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": 0})
         targets = [
-            RunTarget(Engine.bind(b), name=b, route_prefix=None)
+            RunTarget(Engine.bind(b), name=b, route_prefix=None)  # type: ignore[attr-defined]
             for b in ("ok", "503", "400", "raises", "hangs", "dies")
         ]
         serve.run_many(targets)
-        unplaceable = Engine.options(ray_actor_options={"num_cpus": 0, "resources": {"no-such-node": 1}})
+        no_node = {"num_cpus": 0, "resources": {"no-such-node": 1}}
+        unplaceable = Engine.options(ray_actor_options=no_node)  # type: ignore[attr-defined]
         serve.run_many(
             [RunTarget(unplaceable.bind("none"), name="none", route_prefix=None)], wait_for_applications_running=False
         )

@@ -214,7 +214,9 @@ class FailoverPrefillServer(PDPrefillServer):  # type: ignore[misc]
 class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
     """Ray's decode orchestrator, prefilling locally when prefill cannot, or when the prompt is short."""
 
-    async def __init__(self, llm_config: Any, *, prefill_server: Any, failover: dict[str, Any], **kwargs: Any) -> None:
+    async def __init__(  # type: ignore[misc]  # Serve's async constructor, as Ray's PDDecodeServer has
+        self, llm_config: Any, *, prefill_server: Any, failover: dict[str, Any], **kwargs: Any
+    ) -> None:
         self._failover = Failover.parse(failover)
         self._prefill = Breaker("prefill")
         self._paths = _Counter()
