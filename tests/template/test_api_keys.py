@@ -14,7 +14,7 @@ from support import API_KEYS_SECRET_ARN, build_stack, resources_of_type
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.endpoint import proxy
-from eks_pd_serving.fault_tolerance import kv_guard
+from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s.network import RAY_NODE_LABELS
 
 CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
@@ -79,8 +79,12 @@ def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: 
     for pod in _pods(service):
         env = _env(pod)
         assert env[proxy.CALLBACK_ENV] == "eks_pd_api_keys:middlewares"
-        # The check's folder first; a GPU worker's PYTHONPATH also holds the KV guard's.
-        assert env["PYTHONPATH"] in (proxy.MOUNT_PATH, f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}")
+        # The check's folder first; every pod's PYTHONPATH also holds the failover's, a GPU
+        # worker's the KV guard's before it.
+        assert env["PYTHONPATH"] in (
+            f"{proxy.MOUNT_PATH}:{failover.MOUNT_PATH}",
+            f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}:{failover.MOUNT_PATH}",
+        )
         assert env[proxy.SECRET_ENV] == f"<{secret_id}>"  # the Ref, resolved when kubectl applies
         assert env[proxy.REFRESH_ENV] == "30" and env["AWS_REGION"] == "us-east-1"
         assert env[proxy.MAX_STALE_ENV] == "300"  # revoked keys die within this while reads fail

@@ -358,14 +358,14 @@ def test_cost_prices_every_group_at_its_min_and_at_its_max(tmp_path: Path) -> No
     at_min, at_max = sum(ln.hourly for ln in lines), sum(ln.hourly_at_max for ln in lines)
     # The fixed default's total at the minimum (observability included); two more g6.8xlarge with their
     # 200 GiB volumes at the maximum.
-    assert at_min * cost.HOURS_30_DAYS == pytest.approx(3240.87, abs=0.01)
+    assert at_min * cost.HOURS_30_DAYS == pytest.approx(3242.37, abs=0.01)
     assert at_max - at_min == pytest.approx(2 * 2.0144 + 2 * 200 * 0.08 / 720)
     result = subprocess.run(
         [sys.executable, "-m", "eks_pd_serving", "cost", "--template", str(template), "--on", "2026-11-29"],
         cwd=ROOT, env={**NO_AWS_ENV, "COLUMNS": "200"}, capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert result.returncode == 0 and "30 days at max" in result.stdout
-    assert "$3,240.87" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout
+    assert "$3,242.37" in result.stdout and f"${at_max * cost.HOURS_30_DAYS:,.2f}" in result.stdout
 
 
 def test_verify_names_scale_to_zero_when_a_phase_has_no_replica() -> None:

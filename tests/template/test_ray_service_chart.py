@@ -49,7 +49,7 @@ def test_serve_app_is_pd_openai_on_root_built_with_failover(default_service: dic
     assert app["route_prefix"] == "/"
     assert set(app["args"]) == {"prefill_config", "decode_config", "failover"}
     # The settings' defaults, each written out.
-    assert app["args"]["failover"] == {"wait_s": 2.0, "prefill_timeout_s": 30.0, "short_prompt_tokens": 0}
+    assert app["args"]["failover"] == {"wait_s": 2.0, "prefill_timeout_s": 30.0, "short_prompt_tokens": 128}
 
 
 def test_without_failover_the_app_is_rays_own_builder_and_the_code_still_ships() -> None:

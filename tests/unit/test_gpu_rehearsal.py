@@ -60,7 +60,7 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
             "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
             "runtime_env/env_vars/VLLM_DP_MASTER_PORT",
         )
-    }
+    } | {"failover/short_prompt_tokens"}
     decode = rehearsed["applications"][0]["args"]["decode_config"]["engine_kwargs"]
     assert decode["kv_transfer_config"]["kv_buffer_device"] == "cuda"
     assert decode["kv_transfer_config"]["kv_connector_extra_config"]["backends"] == ["UCX"]
@@ -74,7 +74,7 @@ def test_an_efa_host_with_flashinfer_keeps_the_deployed_backend_and_kernels(depl
         f"{side}/{key}"
         for side in gpu_profile.SIDES
         for key in ("model_loading_config/model_source", "runtime_env/env_vars/VLLM_DP_MASTER_PORT")
-    }
+    } | {"failover/short_prompt_tokens"}
     assert gpu_profile.gpu_env({}, host) == {}
     assert gpu_profile.gpu_env({}, H200) == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 

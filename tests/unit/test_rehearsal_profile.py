@@ -21,7 +21,7 @@ def test_reads_the_ray_service_cdk_synth_wrote(template_file: Path) -> None:
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert head["image"] == "763104351884.dkr.ecr.eu-west-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
     (app,) = profile.serve_config(service)["applications"]
-    assert app["import_path"] == "ray.serve.llm:build_pd_openai_app"
+    assert app["import_path"] == "eks_pd_failover:build_failover_app"
 
 
 def test_local_profile_changes_only_what_is_documented(template_file: Path) -> None:
@@ -29,7 +29,8 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
     before, after = leaves(deployed), leaves(rehearsed)
     changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
-    assert changed == {
+    # Every prompt disaggregated: the rehearsal's prompts are all short (profile.every_prompt_disaggregated).
+    assert changed == {"failover/short_prompt_tokens"} | {
         f"{side}/{key}"
         for side in ("prefill_config", "decode_config")
         for key in (

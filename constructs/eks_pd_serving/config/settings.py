@@ -643,7 +643,7 @@ class Settings(BaseModel):
         description=(
             "Conditional disaggregation: prompts of at most this many tokens (as decode's tokenizer counts them, "
             "chat template included) are served on decode alone, skipping the KV transfer; 0: every prompt is "
-            "prefilled remotely. Default: the 128-token prompts of the 2026-11-30 GPU bench, whose prefill did "
+            "prefilled remotely. 128: the prompts of the 2026-11-30 GPU bench, whose prefill did "
             "not stall the colocated engine's streams (the 3,000-token ones did) and cost 205 ms more time to "
             "first token through PD. Needs pd_failover."
         ),
