@@ -306,15 +306,12 @@ def short_prompts(endpoint: Endpoint, threshold: int) -> dict[str, Any]:
     the KV decode loaded from prefill while it ran."""
     found: dict[str, Any] = {}
     with endpoint.client(120) as client:
-        # Grown until the app's own /tokenize (the decode engine's tokenizer) counts more tokens
-        # than the threshold in the text alone; the chat template only adds to it.
+        # Grown until a chat completion's own usage counts more prompt tokens than the threshold.
         words: list[str] = []
         while True:
-            words += ["prefill", "decode", "cache", "block", "transfer"]
-            body = {"model": endpoint.model_id, "prompt": " ".join(words)}
-            counted = client.post("/tokenize", json=body)
-            _check(counted.status_code == 200, f"/tokenize: HTTP {counted.status_code} {counted.text[:200]}")
-            if counted.json()["count"] > threshold or len(words) > 4 * threshold:
+            words += ["prefill", "decode", "cache", "block", "transfer"] * 4
+            counted = chat(client, endpoint, " ".join(words))
+            if counted["prompt_tokens"] > threshold or len(words) > 4 * threshold:
                 break
         past = " ".join(words)
         tracker = CounterTracker(endpoint.metrics_url)

@@ -41,8 +41,6 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     ErrorInfo,
     ErrorResponse,
     OpenAIHTTPException,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
     to_model_metadata,
 )
 from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, make_fastapi_ingress
@@ -223,17 +221,21 @@ class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
 
     async def _prompt_tokens(self, request: Any) -> int | None:
-        """The prompt's length as this engine tokenizes it (chat template included), None if unknown."""
+        """The prompt's length by this engine's tokenizer (chat template included), None if unknown.
+        Ray's ``tokenize`` is refused for generation models ("does not support the 'tokenization'
+        task"), so the tokenizer is vLLM's own, from the engine client."""
         try:
+            tokenizer = self.engine._engine_client.tokenizer
             if isinstance(request, ChatCompletionRequest):
-                asked: Any = TokenizeChatRequest(model=request.model, messages=request.messages)
-            else:
-                asked = TokenizeCompletionRequest(model=request.model, prompt=request.prompt)
-            async for answer in await LLMServer.tokenize(self, asked):
-                return getattr(answer, "count", None)
+                messages = [m if isinstance(m, dict) else m.model_dump() for m in request.messages]
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            elif isinstance(request.prompt, str):
+                text = request.prompt
+            else:  # token ids, or several prompts: the standard path
+                return None
+            return len(tokenizer.encode(text, add_special_tokens=False))
         except Exception:  # unknown length: the standard path
             return None
-        return None
 
     async def _local(self, method: str, request: Any, raw: Any, path: str) -> AsyncGenerator[Any, None]:
         self._paths.count(path)
