@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 ACCOUNT, REGION, PARTITION = "111122223333", "us-east-1", "aws"
+# The stack's own id (AWS::StackId), as a test's CloudFormation event carries it.
+STACK_ID = (
+    f"arn:{PARTITION}:cloudformation:{REGION}:{ACCOUNT}:stack/RayLlmPdServing/5b6c1f30-0000-0000-0000-000000000000"
+)
 
 # Operation -> the IAM action AWS authorizes it as, for the operations the stack's code calls.
 _S3_OBJECT_ACTIONS = {
@@ -84,6 +88,8 @@ def authorizations(service: str, operation: str, params: dict[str, Any], parsed:
         if operation == "UpdateSchedule":  # Scheduler checks that the caller may pass the target's role
             calls.append(Call("iam:PassRole", str(params["Target"]["RoleArn"]), why="the schedule's target role"))
         return calls
+    if service == "cloudformation" and str(params.get("StackName", "")).startswith("arn:"):
+        return [Call(f"cloudformation:{operation}", str(params["StackName"]))]
     if service == "sns" and "TopicArn" in params:
         return [Call(f"sns:{operation}", str(params["TopicArn"]))]
     if service != "s3":
@@ -120,6 +126,7 @@ def resolve(value: Any, template: dict[str, Any], names: dict[str, str]) -> Any:
         "AWS::Region": REGION,
         "AWS::Partition": PARTITION,
         "AWS::URLSuffix": "amazonaws.com",
+        "AWS::StackId": STACK_ID,
     }
     if isinstance(value, list):
         return [resolve(v, template, names) for v in value]

@@ -1,6 +1,12 @@
 """A Capacity Block's end: each block group scaled to zero an hour before its block ends, warned a
 day ahead, by one-time EventBridge Scheduler schedules whose times the deploy-time capacity check
-read from the block (``capacity/block_end.py`` runs them)."""
+read from the block (``capacity/block_end.py`` runs them).
+
+Scheduler invokes the function asynchronously: a failed run is retried twice by Lambda and then
+dropped, and the block's end would take the engines without warning. So a failed event goes to a
+queue (the function's on-failure destination, and each schedule's dead-letter queue for an
+invocation Scheduler itself cannot make), and two alarms say so: the function's Errors, the
+queue's depth."""
 
 from __future__ import annotations
 
@@ -10,9 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aws_cdk import Aws, Duration, Stack, Token
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_cloudwatch_actions as cw_actions
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from ._private import nag
@@ -25,6 +35,10 @@ from .log_groups import LogGroups
 CODE_DIR = Path(__file__).parent / "capacity"
 SCHEDULE_GROUP = "default"
 _OUTSIDE_VPC = "Calls only the EC2, EKS, SNS and Scheduler APIs; no ENI to release on destroy"
+# Lambda's own retries of a failed asynchronous run (its default, written down), and how long an
+# event may wait: the scale-down runs EC2's 30 minutes plus the drain budget before the end.
+RETRY_ATTEMPTS = 2
+MAX_EVENT_AGE = Duration.minutes(30)
 
 
 @dataclass(frozen=True)
@@ -54,8 +68,8 @@ class CapacityBlockEnd(Construct):
     :param groups: the Capacity Block groups.
     :param capacity_check: the deploy-time check that read each block.
     :param log_groups: where the function logs.
-    :param topic: the alarms' SNS topic, which the warning and the scale-down notify.
-        Default: None (the function logs them only).
+    :param topic: the alarms' SNS topic, which the warning, the scale-down and the failure alarms
+        notify. Default: None (the function logs them; the alarms change state in CloudWatch only).
     """
 
     def __init__(
@@ -97,6 +111,50 @@ class CapacityBlockEnd(Construct):
             ),
         )
         self.function.grant_invoke(self.invoker)
+        # Failed events, kept 14 days (SQS's longest) for a look and a redrive.
+        self.failed = sqs.Queue(
+            self,
+            "FailedEvents",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            retention_period=Duration.days(14),
+        )
+        self.function.configure_async_invoke(
+            on_failure=destinations.SqsDestination(self.failed),
+            retry_attempts=RETRY_ATTEMPTS,
+            max_event_age=MAX_EVENT_AGE,
+        )
+        self.failed.grant_send_messages(self.invoker)
+        self.alarms = [
+            cw.Alarm(
+                self,
+                "FunctionErrors",
+                alarm_description=f"The Capacity Block end function of {cluster_name} failed a run: a warning "
+                "or a scale-down may not have happened. Its log group says why; failed events are in the queue.",
+                metric=self.function.metric_errors(period=Duration.minutes(5), statistic="Sum"),
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+            cw.Alarm(
+                self,
+                "FailedEventsQueued",
+                alarm_description=f"A Capacity Block end event of {cluster_name} failed for good (retries spent, "
+                "or Scheduler could not invoke the function): scale the block's node group down by hand before "
+                "the block ends.",
+                metric=self.failed.metric_approximate_number_of_messages_visible(
+                    period=Duration.minutes(5), statistic="Maximum"
+                ),
+                threshold=1,
+                evaluation_periods=1,
+                comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+            ),
+        ]
+        if topic is not None:
+            for alarm in self.alarms:
+                alarm.add_alarm_action(cw_actions.SnsAction(topic))
         # DescribeCapacityReservations has no resource-level permissions.
         self.function.add_to_role_policy(
             iam.PolicyStatement(actions=["ec2:DescribeCapacityReservations"], resources=["*"])
@@ -159,6 +217,7 @@ class CapacityBlockEnd(Construct):
                         arn=self.function.function_arn,
                         role_arn=self.invoker.role_arn,
                         input=stack.to_json_string(event),
+                        dead_letter_config=scheduler.CfnSchedule.DeadLetterConfigProperty(arn=self.failed.queue_arn),
                         retry_policy=scheduler.CfnSchedule.RetryPolicyProperty(
                             maximum_event_age_in_seconds=1800, maximum_retry_attempts=5
                         ),
@@ -169,6 +228,7 @@ class CapacityBlockEnd(Construct):
             self.invoker,
             [nag.token_names(self, arn) for arn in nodegroup_arns],
             encrypted_topic=topic is not None,
+            failed=self.failed,
         )
         for construct, findings in acknowledgments.items():
             nag.acknowledge(construct, findings)

@@ -24,8 +24,9 @@ _OUTSIDE_VPC = "Calls only EC2 and Service Quotas APIs, before the VPC is needed
 
 
 class GpuCapacityCheck(Construct):
-    """Runs ``capacity.checks.check_capacity`` in a Lambda (outside the VPC: it only calls EC2
-    and Service Quotas) on create and on every change of its inputs.
+    """Runs ``capacity.checks.check_capacity`` in a Lambda (outside the VPC: it only calls EC2,
+    Service Quotas and, for its own stack's status, CloudFormation) on create and on every change
+    of its inputs; during a rollback it reports and does not fail.
 
     :param cluster_name: the EKS cluster; its own nodes are not counted as other usage of a quota.
     :param gpu_availability_zone: the AZ of the GPU subnet (a token is fine).
@@ -77,6 +78,10 @@ class GpuCapacityCheck(Construct):
         )
         self.function.add_to_role_policy(
             iam.PolicyStatement(actions=["servicequotas:GetAWSDefaultServiceQuota"], resources=["*"])
+        )
+        # On an Update, whether CloudFormation is rolling back (the check then reports, never fails).
+        self.function.add_to_role_policy(
+            iam.PolicyStatement(actions=["cloudformation:DescribeStacks"], resources=[Stack.of(self).stack_id])
         )
         if reservations:
             # DescribeCapacityReservations has no resource-level permissions.

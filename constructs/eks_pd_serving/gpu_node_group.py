@@ -123,8 +123,16 @@ class EfaGpuNodeGroup(Construct):
         cfn_nodegroup = self.nodegroup.node.default_child
         assert isinstance(cfn_nodegroup, eks.CfnNodegroup)
         cfn_nodegroup.add_property_override("InstanceTypes", [group.instance_type])
+        if capacity.reserved:
+            # EKS's default update launches the new nodes first (surge), which a full reservation
+            # refuses; MINIMAL terminates an old node before launching its replacement, one at a
+            # time (the EKS API's NodegroupUpdateConfig; aws-cdk-lib exposes no updateStrategy).
+            cfn_nodegroup.add_property_override("UpdateConfig", RESERVED_UPDATE_CONFIG)
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)
 
+
+# How a node group bought from a reservation rolls (AWS::EKS::Nodegroup UpdateConfig).
+RESERVED_UPDATE_CONFIG = {"MaxUnavailable": 1, "UpdateStrategy": "MINIMAL"}
 
 # The node group's capacity type per option; on-demand and the ODCR kinds leave EKS's default
 # (ON_DEMAND, which an open or targeted reservation serves).

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
+from dataclasses import replace
 
 import cdk8s
 from aws_cdk import Duration, Stack
@@ -13,6 +16,7 @@ from . import rollout
 from ._private.manifests import adopting_manifest
 from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec
 from .k8s.ray_service import ray_service_spec
+from .k8s.rollout import job_spec
 
 # The kubectl handler that waits for the rollout Job runs at most 15 minutes (aws-cdk-lib's
 # KubectlProvider); its wait stops a minute before, the Job's own a minute before that.
@@ -55,7 +59,10 @@ class RayServiceManifest(Construct):
         if converge:
             # The digest of the template's own cluster config (tokens as CloudFormation has them).
             resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
-            self.rollout = _rollout_spec(props, rollout.cluster_config_digest(resolved))
+            spec = _rollout_spec(props, rollout.cluster_config_digest(resolved), rollout.worker_bounds(resolved))
+            # The Job's name carries a digest of its whole spec as the template holds it.
+            job = json.dumps(Stack.of(self).resolve(job_spec(spec)), sort_keys=True)
+            self.rollout = replace(spec, template_digest=hashlib.sha256(job.encode()).hexdigest())
             annotations = {rollout.digest_annotation(): self.rollout.digest}
         self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
@@ -67,10 +74,12 @@ class RayServiceManifest(Construct):
         self.rollout_manifest: eks.KubernetesManifest | None = None
         self.rollout_wait: eks.KubernetesObjectValue | None = None
         if self.rollout is not None:
-            # Its own manifest, unpruned: a finished Job stays (a new spec is a new Job), so a
-            # rollback re-applies the old one unchanged instead of rebuilding the cluster again.
+            # Its own manifest, pruned: applying a new Job deletes the one before (the kubectl
+            # handler's `apply --prune`; Jobs are in kubectl's default prune list). A rollback, or a
+            # deploy of that config again, then re-creates the old Job, which runs and rebuilds the
+            # cluster back; a finished old Job left in place would pass at once on the new cluster.
             self.rollout_manifest = cluster.add_cdk8s_chart(
-                f"{id}Rollout", RolloutChart(cdk8s.App(), "Rollout", spec=self.rollout), prune=False
+                f"{id}Rollout", RolloutChart(cdk8s.App(), "Rollout", spec=self.rollout)
             )
             self.rollout_manifest.node.add_dependency(self.manifest)
             self.rollout_wait = eks.KubernetesObjectValue(
@@ -86,7 +95,7 @@ class RayServiceManifest(Construct):
             self.rollout_wait.node.add_dependency(self.rollout_manifest)
 
 
-def _rollout_spec(props: RayServiceProps, digest: str) -> RolloutSpec:
+def _rollout_spec(props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]]) -> RolloutSpec:
     names = rollout.env_names()
     return RolloutSpec(
         ray_service=props.name,
@@ -100,8 +109,9 @@ def _rollout_spec(props: RayServiceProps, digest: str) -> RolloutSpec:
             mount_path=rollout.MOUNT_PATH,
             annotation="eks-pd.io/rollout-code",
         ),
-        env_names={key: names[key] for key in ("service", "namespace", "digest", "deadline")},
+        env_names=names,
         image=props.image,
         node_selector=props.system_node_selector,
         deadline_s=ROLLOUT_DEADLINE_S,
+        bounds=bounds,
     )

@@ -18,7 +18,18 @@ import boto3
 import pytest
 from aws_cdk.assertions import Template
 from botocore.stub import Stubber
-from iam_rung import Call, Recorder, allowed, authorizations, denied, principal_policies, record, resolve
+from iam_rung import (
+    REGION,
+    STACK_ID,
+    Call,
+    Recorder,
+    allowed,
+    authorizations,
+    denied,
+    principal_policies,
+    record,
+    resolve,
+)
 from support import FIXTURES, ROOT, capacity_properties, moto_aws, moto_s3, stubbed_quotas, synth_assembly
 
 from eks_pd_serving.capacity import handler as capacity_handler
@@ -336,8 +347,22 @@ def test_the_capacity_checks_role_allows_every_call_of_its_create(
         boto3, "client", lambda name, **kw: stubbed if name == "service-quotas" else record(real(name), recorder)
     )
     capacity_handler.on_event({"RequestType": "Create", "ResourceProperties": capacity_properties()})
+    # An Update reads the stack's status first (a rollback is reported, not refused).
+    stack = {"StackName": "RayLlmPdServing", "StackId": STACK_ID, "StackStatus": "UPDATE_ROLLBACK_IN_PROGRESS",
+             "CreationTime": "2026-12-01T00:00:00Z"}  # fmt: skip
+    monkeypatch.setattr(boto3, "client", real)  # new clients for the Update's stubs
+    cloudformation = boto3.client("cloudformation", region_name=REGION)
+    stub = Stubber(cloudformation)
+    stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": STACK_ID})
+    stub.activate()
+    stubbed_again = record(stubbed_quotas(64), recorder)
+    clients = {"service-quotas": stubbed_again, "cloudformation": record(cloudformation, recorder)}
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: clients.get(name) or record(real(name), recorder))
+    update = {"RequestType": "Update", "StackId": STACK_ID, "ResourceProperties": capacity_properties(),
+              "OldResourceProperties": capacity_properties()}  # fmt: skip
+    capacity_handler.on_event(update)
     actions = {c.action for c in recorder.calls}
-    assert {"ec2:DescribeInstanceTypes", "servicequotas:GetServiceQuota"} <= actions
+    assert {"ec2:DescribeInstanceTypes", "servicequotas:GetServiceQuota", "cloudformation:DescribeStacks"} <= actions
     (role,) = [k for k in synthesized["Resources"] if k.startswith("PdServingGpuCapacityCheckFunctionServiceRole")
                and synthesized["Resources"][k]["Type"] == "AWS::IAM::Role"]  # fmt: skip
     assert denied(principal_policies(synthesized, role, {}), recorder.calls) == []

@@ -37,6 +37,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
              "gpu_capacity": "odcr:cr-0123456789abcdef0"},
     "block": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
               "gpu_capacity": "capacity-block:cr-0123456789abcdef0"},
+    "odcr_volume": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
+                    "gpu_capacity": "odcr:cr-0123456789abcdef0", "gpu_root_volume_gib": 300},
     "block_volume": {"availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
                      "gpu_capacity": "capacity-block:cr-0123456789abcdef0", "gpu_root_volume_gib": 300},
 }  # fmt: skip
@@ -70,10 +72,10 @@ def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dic
     assert effects == ["RayCluster config changed under recreate", "serve config changed"]
     ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert REBUILDS in ray and "every request fails from the deletion until the new engines serve" in ray
-    # The rollout Job for the new digest is created (the old one stays: its manifest is not pruned),
-    # and the deploy's wait follows it.
+    # The rollout Job for the new digest is created and the old one pruned (so a rollback re-creates
+    # and runs it), and the deploy's wait follows the new one.
     job = [o for o in result.objects if o.object.startswith("Job/inference/ray-llm-rollout-")]
-    assert sorted(o.action for o in job) == ["create", "stays"]
+    assert sorted(o.action for o in job) == ["create", "prune"]
     (wait,) = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
     assert wait.action == "modify"
 
@@ -92,7 +94,7 @@ def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(sy
     assert template.action == "modify" and "VolumeSize" in template.cause
     # The node group's template text is unchanged; the launch template's new version carries it.
     assert group.action == "modify" and group.cause == f"/LaunchTemplate/Version follows {template.resource} (modify)"
-    assert "rolling update" in group.effect and "Ray workers on it restart" in group.effect
+    assert "launches a new node first (surge)" in group.effect and "Ray workers on it restart" in group.effect
     assert result.cleanup == ()
 
 
@@ -226,7 +228,7 @@ def test_under_new_cluster_the_second_clusters_gpu_nodes_are_counted_and_priced(
 def test_moving_the_gpu_group_onto_an_odcr_rolls_its_nodes_into_the_reservation(synthesized: dict[str, Path]) -> None:
     result = impact(synthesized, "pinned_az", "odcr")
     (group,) = by_type(result, "AWS::EKS::Nodegroup")
-    assert group.action == "modify" and "rolling update" in group.effect
+    assert group.action == "modify" and "(UpdateStrategy MINIMAL)" in group.effect
     (template,) = by_type(result, "AWS::EC2::LaunchTemplate")
     assert "CapacityReservationSpecification" in template.cause and "Placement" in template.cause
     (placement,) = by_type(result, "AWS::EC2::PlacementGroup")
@@ -247,10 +249,17 @@ def test_moving_the_gpu_group_onto_a_capacity_block_replaces_it_and_adds_its_end
     assert [s.effect.split(":")[0] for s in back] == ["Capacity Block schedule removed"] * 2
 
 
-def test_a_rolling_update_of_a_block_group_says_it_needs_the_group_at_zero(synthesized: dict[str, Path]) -> None:
-    """EKS's guide: upgrading a managed node group on a Capacity Block needs its desired size at 0
-    (a rolling update's surge node has no room in a full block)."""
-    (group,) = by_type(impact(synthesized, "block", "block_volume"), "AWS::EKS::Nodegroup")
-    assert group.action == "modify" and "set the group's desired size to 0 first" in group.effect
+def test_a_reserved_group_rolls_without_a_surge_node_and_impact_says_so(synthesized: dict[str, Path]) -> None:
+    """EKS's default update launches a new node before it terminates an old one; a full ODCR or
+    Capacity Block refuses it. Reserved groups roll with UpdateStrategy MINIMAL (terminate first),
+    and impact says what that costs; an on-demand group keeps the surge."""
+    for reserved in ("odcr", "block"):
+        (group,) = by_type(impact(synthesized, reserved, f"{reserved}_volume"), "AWS::EKS::Nodegroup")
+        assert group.action == "modify"
+        assert "terminates up to 1 old node(s) before launching each replacement (UpdateStrategy MINIMAL)" in (
+            group.effect
+        )
+    (block,) = by_type(impact(synthesized, "block", "block_volume"), "AWS::EKS::Nodegroup")
+    assert "EKS's Capacity Block guide also advises desired size 0" in block.effect
     (plain,) = by_type(impact(synthesized, "base", "volume"), "AWS::EKS::Nodegroup")
-    assert "Capacity Block" not in plain.effect
+    assert "launches a new node first (surge)" in plain.effect and "Capacity Block" not in plain.effect

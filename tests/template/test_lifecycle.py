@@ -1,7 +1,7 @@
 """The lifecycle rules over every variant of the template, each shown failing on the template as
 it was before its fix (tests/fixtures/lifecycle/before-fixes/, synthesized from commit f41ff6f
-with the same settings; before-runtime-fixes/ from 1952631), and the model itself on small
-hand-written templates."""
+with the same settings; before-runtime-fixes/ from 1952631; before-rollout-fixes/ from 3b67cfd),
+and the model itself on small hand-written templates."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from eks_pd_serving.lifecycle.needs import allocatable_cpu_m, named_log_groups
 
 BEFORE = FIXTURES / "lifecycle" / "before-fixes"
 BEFORE_RUNTIME = FIXTURES / "lifecycle" / "before-runtime-fixes"
+BEFORE_ROLLOUT = FIXTURES / "lifecycle" / "before-rollout-fixes"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "internal": {"endpoint_exposure": "internal"},
@@ -30,6 +31,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gcs_ft_off": {"gcs_fault_tolerance": False},
     "api_keys": {"api_keys": True},
     "kv_guard_off": {"kv_pull_guard": "off"},
+    "odcr": {"gpu_capacity": "odcr:cr-0123456789abcdef0",
+             "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
+    "autoscaling_decode_max_3": {"autoscaling": True, "decode_max_replicas": 3},
     "capacity_block": {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
                        "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
@@ -80,7 +84,7 @@ def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 13 and len(rules.UPDATE_RULES) == 3
+    assert len(rules.TEMPLATE_RULES) == 16 and len(rules.UPDATE_RULES) == 4
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -437,4 +441,64 @@ def test_a_capacity_block_group_without_its_scale_down_or_with_a_fixed_time_is_f
     del template["Resources"][scale_down]
     assert [(f.resource, f.missing) for f in _found(StackModel(template), rule)] == [
         (decode, "no scale-down schedule names this Capacity Block group")
+    ]
+
+
+# --- rollouts and reserved capacity (before-rollout-fixes/, commit 3b67cfd) --------------------------
+
+
+def test_a_waited_job_left_unpruned_is_found_on_the_template_before_the_fix(variants: dict[str, StackModel]) -> None:
+    rule = "waited_jobs_are_pruned"
+    assert _found(variants["default"], rule) == []
+    (finding,) = _found(before("autoscaling", BEFORE_ROLLOUT), rule)
+    assert finding.missing.startswith("Job ray-llm-rollout-") and "a rollback would not run it" in finding.missing
+
+
+def test_a_bounds_change_that_leaves_the_job_alone_is_found_on_the_templates_before_the_fix(
+    variants: dict[str, StackModel],
+) -> None:
+    """Before: decode_max_replicas 2 -> 3 left the rollout Job byte-identical, so nothing ran."""
+    rule = rules.UPDATE_RULES["waited_jobs_move_with_what_they_apply"]
+    old, new = before("autoscaling", BEFORE_ROLLOUT), before("autoscaling_decode_max_3", BEFORE_ROLLOUT)
+    (finding,) = rule(old, new)
+    assert "cluster config changed but Job ray-llm-rollout-" in finding.missing
+    assert rule(variants["autoscaling"], variants["autoscaling_decode_max_3"]) == []
+    assert rule(variants["autoscaling_decode_max_3"], variants["autoscaling"]) == []
+
+
+def test_a_job_that_keeps_its_name_with_another_spec_is_found(variants: dict[str, StackModel]) -> None:
+    """A release that changes the pod template under the same name: the apply meets "field is immutable"."""
+    rule = rules.UPDATE_RULES["waited_jobs_move_with_what_they_apply"]
+    old = variants["default"]
+    changed = json.loads(json.dumps(old.template))
+    for resource in changed["Resources"].values():
+        if resource["Type"] == "Custom::AWSCDK-EKS-KubernetesResource" and "rollout" in json.dumps(resource):
+            text = json.dumps(resource["Properties"]["Manifest"])
+            resource["Properties"]["Manifest"] = json.loads(text.replace('\\"cpu\\":\\"50m\\"', '\\"cpu\\":\\"60m\\"'))
+    (finding,) = rule(old, StackModel(changed))
+    assert "keeps its name with another spec" in finding.missing
+
+
+@pytest.mark.parametrize("variant", ["odcr", "capacity_block"])
+def test_a_reserved_group_that_would_surge_is_found_on_the_template_before_the_fix(
+    variants: dict[str, StackModel], variant: str
+) -> None:
+    rule = "reserved_groups_roll_without_a_surge"
+    assert _found(variants[variant], rule) == []
+    (finding,) = _found(before(variant, BEFORE_ROLLOUT), rule)
+    assert finding.missing == "UpdateStrategy DEFAULT in a reservation: its surge node cannot launch"
+    assert _found(variants["default"], rule) == []  # on demand: nothing to hold
+
+
+def test_a_block_end_function_whose_failures_vanish_is_found_on_the_template_before_the_fix(
+    variants: dict[str, StackModel],
+) -> None:
+    rule = "block_end_failures_are_kept_and_alarmed"
+    assert _found(variants["capacity_block"], rule) == []
+    missing = sorted(f.missing for f in _found(before("capacity_block", BEFORE_ROLLOUT), rule))
+    assert missing == [
+        "no alarm on its Errors: a failed scale-down warns nobody",
+        "no dead-letter queue for an invocation Scheduler cannot make",
+        "no dead-letter queue for an invocation Scheduler cannot make",
+        "no on-failure destination: a failed scale-down is dropped",
     ]

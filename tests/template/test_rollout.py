@@ -7,6 +7,7 @@ aws-cdk-lib's kubectl handler)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -79,17 +80,61 @@ def test_the_jobs_rights_are_its_rayservice_and_its_rayclusters_only() -> None:
     assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_finished_jobs_stay_and_the_job_applies_after_the_rayservice() -> None:
-    """Unpruned: a rollback re-applies the old Job unchanged (finished) instead of rebuilding again."""
+def test_a_new_job_prunes_the_one_before_so_a_rollback_runs_the_old_job_again() -> None:
+    """Pruned: applying the new Job deletes the old one (the kubectl handler's `apply --prune -l`,
+    Jobs in kubectl's default prune list). A rollback re-applies the old manifest, so the old Job
+    is created again and runs (rebuilding the cluster back); a finished old Job left in place would
+    make the rollback's wait pass at once while the new, possibly broken, cluster serves."""
     template = synthesized()
     manifests = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource")
     (rid,) = [r for r, m in manifests.items() if '"kind\\":\\"Job\\"' in json.dumps(m["Properties"]["Manifest"])]
-    assert "PruneLabel" not in manifests[rid]["Properties"]
+    assert "PruneLabel" in manifests[rid]["Properties"]
     (service_rid,) = [
         r for r, m in manifests.items() if '"kind\\":\\"RayService\\"' in json.dumps(m["Properties"]["Manifest"])
     ]
     assert service_rid in manifests[rid]["DependsOn"]
     assert "PruneLabel" in manifests[service_rid]["Properties"]
+
+
+def _job(template: dict[str, Any]) -> tuple[str, dict[str, str]]:
+    (job,) = objects(template, "Job")
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    return job["metadata"]["name"], env
+
+
+def test_a_change_of_worker_bounds_alone_is_a_new_job_that_sets_them() -> None:
+    """KubeRay's hash leaves bounds out, and so does the config digest: the Job's name must move
+    with them, or no Job runs and the new bounds never reach the RayCluster."""
+    name, env = _job(synthesized(autoscaling=True))
+    moved_name, moved_env = _job(synthesized(autoscaling=True, decode_max_replicas=3))
+    names = rollout.env_names()
+    assert moved_env[names["digest"]] == env[names["digest"]]  # no rebuild
+    assert moved_name != name
+    assert json.loads(moved_env[names["bounds"]]) != json.loads(env[names["bounds"]])
+
+
+def test_the_jobs_name_covers_its_whole_pod_template() -> None:
+    """A Job's pod template is immutable: a release that changes it under the same name meets
+    "field is immutable". Any change of the spec is a new name."""
+    import cdk8s
+
+    from eks_pd_serving.k8s import PodProgram, RolloutChart, RolloutSpec
+
+    program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
+    spec = RolloutSpec("ray-llm", "inference", "d" * 16, program, rollout.env_names(), "image", {"role": "system"}, 60)
+    variants = [
+        spec,
+        replace(spec, node_selector={"role": "other"}),
+        replace(spec, image="image:2"),
+        replace(spec, deadline_s=61),
+        replace(spec, bounds={"decode": {"maxReplicas": 2}}),
+        replace(spec, program=replace(program, mount_path="/elsewhere")),
+    ]
+    names = [v.job_name for v in variants]
+    assert len(set(names)) == len(variants)
+    for variant in variants:
+        (job,) = [o for o in RolloutChart(cdk8s.App(), "R", spec=variant).to_json() if o["kind"] == "Job"]
+        assert job["metadata"]["name"] == variant.job_name
 
 
 @pytest.mark.parametrize("strategy", ["manual", "None", "NewCluster"])

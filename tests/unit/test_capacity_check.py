@@ -105,6 +105,54 @@ def test_create_goes_through_on_event_and_delete_calls_nothing(ec2: Any, monkeyp
     assert deleted == {"PhysicalResourceId": "gpu-capacity-x"}
 
 
+STACK_ID = "arn:aws:cloudformation:us-east-1:111122223333:stack/RayLlmPdServing/5b6c1f30-0000-0000-0000-000000000000"
+
+
+def _stack_status(status: str | None) -> Any:
+    """CloudFormation's DescribeStacks of the check's own stack (None: AccessDenied)."""
+    from botocore.stub import Stubber
+
+    client = boto3.client("cloudformation", region_name=REGION)
+    stub = Stubber(client)
+    if status is None:
+        stub.add_client_error("describe_stacks", "AccessDenied", expected_params={"StackName": STACK_ID})
+    else:
+        stack = {"StackName": "RayLlmPdServing", "StackId": STACK_ID, "StackStatus": status,
+                 "CreationTime": "2026-12-01T00:00:00Z"}  # fmt: skip
+        stub.add_response("describe_stacks", {"Stacks": [stack]}, {"StackName": STACK_ID})
+    stub.activate()
+    return client
+
+
+def _update(monkeypatch: pytest.MonkeyPatch, status: str | None, quota: float) -> dict[str, Any]:
+    clients = {"service-quotas": quotas(quota), "cloudformation": _stack_status(status)}
+    real_client = boto3.client
+    monkeypatch.setattr(boto3, "client", lambda name, **kw: clients.get(name) or real_client(name))
+    event = {"RequestType": "Update", "StackId": STACK_ID, "PhysicalResourceId": "gpu-capacity-ray-llm-multinode",
+             "ResourceProperties": properties(),
+             "OldResourceProperties": properties(gpu=("g6.8xlarge", 1))}  # fmt: skip
+    return dict(handler.on_event(event))
+
+
+def test_a_rollback_is_never_refused_the_state_it_returns_to(ec2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CloudFormation rolls back with an Update of the old properties; the quota has moved since
+    (32 vCPUs, 64 needed). Failing here would leave the stack UPDATE_ROLLBACK_FAILED: the check
+    reads its stack's status and reports instead."""
+    data = _update(monkeypatch, "UPDATE_ROLLBACK_IN_PROGRESS", 32)["Data"]
+    assert data["Checks"].startswith(f"{handler.NOT_ENFORCED} (stack UPDATE_ROLLBACK_IN_PROGRESS): G/VT vCPU quota")
+
+
+def test_a_forward_update_is_still_refused(ec2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(handler.CapacityCheckFailed, match="G/VT vCPU quota: 32 free"):
+        _update(monkeypatch, "UPDATE_IN_PROGRESS", 32)
+
+
+def test_an_unreadable_stack_status_does_not_fail_the_update(ec2: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It might be a rollback: a skipped check costs an early message, a failed rollback a stuck stack."""
+    data = _update(monkeypatch, None, 32)["Data"]
+    assert data["Checks"].startswith(f"{handler.NOT_ENFORCED} (stack status unreadable (ClientError")
+
+
 def test_the_asset_folder_runs_as_lambda_loads_it() -> None:
     """Lambda imports handler.py as a top-level module from the asset root."""
     script = (

@@ -35,26 +35,41 @@ def cluster(name: str, digest: str | None, max_replicas: int = 2) -> dict[str, A
 
 
 class Cluster:
-    """The API's state, and KubeRay's moves after a deletion (``rebuild_after`` polls)."""
+    """The API's state, and KubeRay's moves after a deletion (``rebuild_after`` polls): the new
+    cluster carries the RayService's digest at the time. ``applied`` is the RayService's digest
+    (its manifest), ``reverted_after`` the polls after which it becomes ``OLD`` (a rollback that
+    applies the Job's manifest first)."""
 
-    def __init__(self, clusters: list[dict[str, Any]], spec_max: int = 2, rebuild_after: int | None = 1) -> None:
+    def __init__(
+        self,
+        clusters: list[dict[str, Any]],
+        spec_max: int = 2,
+        rebuild_after: int | None = 1,
+        applied: str = NEW,
+        reverted_after: int | None = None,
+    ) -> None:
         self.clusters = {c["metadata"]["name"]: c for c in clusters}
         self.active = next(iter(self.clusters), None)
         self.spec_max = spec_max
         self.rebuild_after = rebuild_after
-        self.polls = 0
+        self.applied, self.reverted_after = applied, reverted_after
+        self.polls = self.reads = 0
         self.calls: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
 
     def service(self) -> dict[str, Any]:
+        self.reads += 1
+        if self.reverted_after is not None and self.reads > self.reverted_after:
+            self.applied = OLD
         if self.active not in self.clusters:  # KubeRay: no active cluster, build one from the spec
             self.polls += 1
             if self.rebuild_after is not None and self.polls > self.rebuild_after:
-                self.clusters["ray-llm-abcde"] = cluster("ray-llm-abcde", NEW, self.spec_max)
+                self.clusters["ray-llm-abcde"] = cluster("ray-llm-abcde", self.applied, self.spec_max)
                 self.active = "ray-llm-abcde"
         running = self.active in self.clusters
         apps = {"pd-openai": {"status": "RUNNING" if running else "DEPLOYING"}}
         return {
+            "metadata": {"name": NAME, "annotations": {ANNOTATION: self.applied}},
             "spec": {
                 "rayClusterConfig": {
                     "workerGroupSpecs": [
@@ -125,11 +140,15 @@ def api() -> Iterator[tuple[str, list[Cluster]]]:
     server.shutdown()
 
 
-def run(base: str, deadline_s: float = 20) -> subprocess.CompletedProcess[str]:
-    """The program as the Job runs it, with a test's API in place of the in-cluster one."""
+def run(
+    base: str, deadline_s: float = 20, digest: str = NEW, max_replicas: int = 2
+) -> subprocess.CompletedProcess[str]:
+    """The program as the Job runs it, with a test's API in place of the in-cluster one, for the
+    config ``digest`` and the gpu group's ``max_replicas`` (the Job's env)."""
+    bounds = {"gpu": {"replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}}
     driver = (
         f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
-        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {NEW!r}, {deadline_s!r}, poll_s=0.05))"
+        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, poll_s=0.05))"
     )
     return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
 
@@ -169,7 +188,7 @@ def test_new_worker_bounds_are_set_in_place_without_a_rebuild(api: Any) -> None:
     """KubeRay under None pushes no bound change (its hash leaves them out); the Job does."""
     base, state = api
     state.append(world := Cluster([cluster("ray-llm-new", NEW, max_replicas=2)], spec_max=4))
-    ran = run(base)
+    ran = run(base, max_replicas=4)
     assert ran.returncode == 0, ran.stderr
     assert not [c for c in world.calls if c[0] == "DELETE"]
     assert world.clusters["ray-llm-new"]["spec"]["workerGroupSpecs"][0]["maxReplicas"] == 4
@@ -185,6 +204,36 @@ def test_a_cluster_that_does_not_come_back_fails_with_one_line_naming_what_is_mi
         "rollout failed: ray-llm did not serve on config new-digest within 0 s: "
         "KubeRay has not created a RayCluster from the new spec yet"
     )
+
+
+def test_a_rollback_rebuilds_the_cluster_back_even_when_its_job_is_applied_before_the_rayservice(
+    api: Any,
+) -> None:
+    """The rollback's Job (config OLD) meets the cluster of the failed deploy (NEW) while the
+    RayService still says NEW: it waits for the RayService, deletes the NEW cluster and waits until
+    KubeRay's rebuild from the reverted spec serves. (That the Job runs at all on a rollback is the
+    manifest's prune: tests/template/test_rollout.py.)"""
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-new", NEW)], rebuild_after=2, reverted_after=3))
+    ran = run(base, digest=OLD)
+    assert ran.returncode == 0, ran.stderr
+    assert "rollout: waiting: the RayService has config new-digest, not yet old-digest" in ran.stdout
+    assert "rollout: deleted RayCluster ray-llm-new (config new-digest, the spec's is old-digest)" in ran.stdout
+    assert ran.stdout.strip().endswith("rollout: serving from RayCluster ray-llm-abcde with config old-digest")
+    assert digest_of_active(world) == OLD
+
+
+def digest_of_active(world: Cluster) -> str:
+    return str(world.clusters[str(world.active)]["metadata"]["annotations"][ANNOTATION])
+
+
+def test_a_rayservice_that_never_carries_the_jobs_config_fails_the_job_and_deletes_nothing(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-new", NEW)]))
+    ran = run(base, deadline_s=0.3, digest=OLD)
+    assert ran.returncode == 1
+    assert "the RayService has config new-digest, not yet old-digest" in ran.stderr
+    assert not [c for c in world.calls if c[0] == "DELETE"]
 
 
 # --- the Job's calls against its Role (RBAC is the Job's IAM: the emulated API grants everything) ---
@@ -221,7 +270,7 @@ def test_every_call_the_job_makes_is_allowed_by_its_role_and_a_removed_grant_is_
     state.append(world := Cluster([cluster("ray-llm-old", OLD)]))
     assert run(base).returncode == 0
     state[:] = [bounds := Cluster([cluster("ray-llm-new", NEW, max_replicas=2)], spec_max=4)]
-    assert run(base).returncode == 0
+    assert run(base, max_replicas=4).returncode == 0
     calls = world.calls + bounds.calls
     assert {c[0] for c in calls} == {"GET", "DELETE", "PATCH"}  # every kind of call was made
     assert _denied(calls, _role_rules()) == []

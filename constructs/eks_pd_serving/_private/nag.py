@@ -117,10 +117,11 @@ CAPACITY_CHECK_FUNCTION = {
 
 
 def capacity_block_end(
-    function: IConstruct, invoker: IConstruct, nodegroup_arns: list[str], encrypted_topic: bool
+    function: IConstruct, invoker: IConstruct, nodegroup_arns: list[str], encrypted_topic: bool, failed: IConstruct
 ) -> dict[IConstruct, dict[str, str]]:
-    """The Capacity Block end function's and its scheduler role's acknowledgments; ``nodegroup_arns``:
-    the node groups' ARN patterns as cdk-nag names them (``token_names``)."""
+    """The Capacity Block end function's, its scheduler role's and its failed-events queue's
+    acknowledgments; ``nodegroup_arns``: the node groups' ARN patterns as cdk-nag names them
+    (``token_names``)."""
     function_id = logical_id(function.node.default_child)
     found: dict[str, str] = {
         _LAMBDA_LOGS: (
@@ -143,6 +144,12 @@ def capacity_block_end(
             "on that one key)."
         )
     return {
+        failed: {
+            f"{PACK}-SQS3": (
+                "This queue is itself the dead-letter queue: the function's on-failure destination and the schedules' "
+                "DeadLetterConfig (cdk-nag only sees another queue's RedrivePolicy)."
+            )
+        },
         function: found,
         invoker: {
             f"{PACK}-IAM5[Resource::<{function_id}.Arn>:*]": (

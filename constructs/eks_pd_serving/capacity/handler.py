@@ -1,6 +1,12 @@
 """Deploy-time capacity check: a CloudFormation custom resource (aws-cdk-lib's Provider
 framework) that fails the deploy, before the EKS cluster is created, when the GPU node groups
-could not launch. Its message is the one line the framework shows in the stack events."""
+could not launch. Its message is the one line the framework shows in the stack events.
+
+A rollback runs it too: CloudFormation sends an Update with the properties of the state it returns
+to, and a check that failed then (quota or a reservation moved since) would leave the stack in
+UPDATE_ROLLBACK_FAILED. CloudFormation's request says nothing of a rollback, the stack's status
+does (UPDATE_ROLLBACK_IN_PROGRESS while it rolls back), so the handler reads it and reports the
+checks without failing on them; the state it returns to is the one that ran before."""
 
 from __future__ import annotations
 
@@ -15,6 +21,23 @@ else:  # in Lambda this folder is the code root
 
 class CapacityCheckFailed(RuntimeError):
     """One line: every failed check with its fix."""
+
+
+# The stack's status while CloudFormation rolls an update back (its own and a nested stack's).
+ROLLING_BACK = "UPDATE_ROLLBACK_IN_PROGRESS"
+NOT_ENFORCED = "not enforced, the stack is rolling back to its previous state"
+
+
+def rolling_back(cloudformation: Any, stack_id: str) -> tuple[bool, str]:
+    """Whether the stack is rolling back, and what was read. An unreadable status counts as a
+    rollback: a check that cannot tell must not fail a rollback (a skipped check on a forward
+    deploy costs an early message; a failed rollback leaves the stack stuck)."""
+    try:
+        (stack,) = cloudformation.describe_stacks(StackName=stack_id)["Stacks"]
+    except Exception as error:  # denied, throttled: say so in the check's data
+        return True, f"stack status unreadable ({type(error).__name__}: {str(error)[:200]})"
+    status = str(stack["StackStatus"])
+    return status == ROLLING_BACK, f"stack {status}"
 
 
 def groups_from(properties: dict[str, Any]) -> list[checks.GroupNeed]:
@@ -40,11 +63,12 @@ def reservations_from(properties: dict[str, Any]) -> list[checks.ReservedGroup]:
 
 
 def run_checks(
-    properties: dict[str, Any], ec2: Any, quotas: Any, now: datetime.datetime | None = None
+    properties: dict[str, Any], ec2: Any, quotas: Any, now: datetime.datetime | None = None, waived: str = ""
 ) -> dict[str, Any]:
     """The capacity checks, then each reservation's (as preflight runs them). Returns the checks'
     summary and, for each Capacity Block group, when it scales to zero and when it is warned (the
-    schedules' expressions, ``checks.block_attributes``)."""
+    schedules' expressions, ``checks.block_attributes``). A failed check raises, unless
+    ``waived`` says why not (a rollback): then the summary names the failure."""
     now = now or datetime.datetime.now(datetime.UTC)
     gpu_az, cluster = str(properties["GpuAvailabilityZone"]), str(properties["ClusterName"])
     reserved = reservations_from(properties)
@@ -52,9 +76,13 @@ def run_checks(
     reservation_checks, ends = checks.check_reservations(ec2, reserved, gpu_az, cluster_name=cluster, now=now)
     found += reservation_checks
     problem = checks.failures(found)
-    if problem:
+    if problem and not waived:
         raise CapacityCheckFailed(f"GPU capacity check failed: {problem}")
-    data: dict[str, Any] = {"Checks": "; ".join(f"{c.name}: {c.detail}" for c in found)[:1000]}
+    summary = "; ".join(f"{c.name}: {c.detail}" for c in found)
+    if problem:
+        print(f"GPU capacity check failed, {waived}: {problem}", flush=True)
+        summary = f"{NOT_ENFORCED} ({waived}): {problem}"
+    data: dict[str, Any] = {"Checks": summary[:1000]}
     for group, end in sorted(ends.items()):
         scale_down, warn = checks.block_times(end, now)
         scale_attribute, warn_attribute = checks.block_attributes(group)
@@ -70,5 +98,9 @@ def on_event(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
         return {"PhysicalResourceId": event.get("PhysicalResourceId", physical_id)}
     import boto3
 
-    data = run_checks(properties, boto3.client("ec2"), boto3.client("service-quotas"))
+    skip = ""
+    if event["RequestType"] == "Update":
+        back, status = rolling_back(boto3.client("cloudformation"), str(event["StackId"]))
+        skip = status if back else ""
+    data = run_checks(properties, boto3.client("ec2"), boto3.client("service-quotas"), waived=skip)
     return {"PhysicalResourceId": physical_id, "Data": data}

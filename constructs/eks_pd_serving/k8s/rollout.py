@@ -1,12 +1,17 @@
 """The rollout Job's chart (``ray_upgrade_strategy=recreate``): the Job made for one cluster-config
-digest (its name carries the digest and the program's, so a new spec or new code is a new Job, and
+digest and one set of worker bounds (its name carries the config digest and a digest of its whole
+spec, so a new spec, new bounds, new code or any other change of its pod template is a new Job, and
 a Job's immutable pod template is never changed in place), its program in a ConfigMap, and the
 service account and Role it runs with: read the RayService, list, delete and patch its RayClusters.
 Nothing else in the cluster."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 import cdk8s
 from constructs import Construct
@@ -29,10 +34,16 @@ class RolloutSpec:
     node_selector: dict[str, str]
     #: How long the Job waits for the rebuilt cluster to serve before it fails.
     deadline_s: int
+    #: Each worker group's replicas and bounds, by group name: the Job sets them in place.
+    bounds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    #: A digest of ``job_spec(self)`` as the template holds it (tokens resolved): the Job's name
+    #: carries it, so any change of the spec is a new Job. Empty: the spec's own text.
+    template_digest: str = ""
 
     @property
     def job_name(self) -> str:
-        return f"{self.ray_service}-rollout-{self.digest[:10]}-{self.program.digest[:6]}"
+        spec = self.template_digest or hashlib.sha256(json.dumps(job_spec(self), sort_keys=True).encode()).hexdigest()
+        return f"{self.ray_service}-rollout-{self.digest[:10]}-{spec[:6]}"
 
     @property
     def service_account(self) -> str:
@@ -81,53 +92,56 @@ class RolloutChart(cdk8s.Chart):
             self, "Code", api_version="v1", kind="ConfigMap",
             metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=namespace),
         ).add_json_patch(cdk8s.JsonPatch.add("/data", {program.file_name: program.source}))  # fmt: skip
-        env = {
-            "service": spec.ray_service,
-            "namespace": spec.namespace,
-            "digest": spec.digest,
-            "deadline": str(spec.deadline_s),
-        }
         job = cdk8s.ApiObject(
             self, "Job", api_version="batch/v1", kind="Job",
             metadata=cdk8s.ApiObjectMetadata(name=spec.job_name, namespace=namespace),
         )  # fmt: skip
-        job.add_json_patch(
-            cdk8s.JsonPatch.add(
-                "/spec",
-                {
-                    # One attempt: a second would find nothing stale and pass without the wait.
-                    "backoffLimit": 0,
-                    "activeDeadlineSeconds": spec.deadline_s + 120,
-                    "template": {
-                        "metadata": {"annotations": {program.annotation: program.digest}},
-                        "spec": {
-                            "serviceAccountName": account,
-                            "restartPolicy": "Never",
-                            "nodeSelector": spec.node_selector,
-                            "containers": [
-                                {
-                                    "name": "rollout",
-                                    "image": spec.image,
-                                    "command": ["python", f"{program.mount_path}/{program.file_name}"],
-                                    "env": [{"name": spec.env_names[k], "value": v} for k, v in env.items()],
-                                    "resources": {
-                                        "requests": {"cpu": "50m", "memory": "64Mi"},
-                                        "limits": {"memory": "128Mi"},
-                                    },
-                                    "securityContext": {
-                                        "allowPrivilegeEscalation": False,
-                                        # The Ray image's own user (ray, uid 1000), given as a number.
-                                        "runAsUser": 1000,
-                                        "runAsNonRoot": True,
-                                    },
-                                    "volumeMounts": [
-                                        {"name": "code", "mountPath": program.mount_path, "readOnly": True}
-                                    ],
-                                }
-                            ],
-                            "volumes": [{"name": "code", "configMap": {"name": program.config_map}}],
-                        },
-                    },
-                },
-            )
+        job.add_json_patch(cdk8s.JsonPatch.add("/spec", job_spec(spec)))
+
+
+def job_spec(spec: RolloutSpec) -> dict[str, Any]:
+    """The Job's spec (without its name, which carries this spec's digest)."""
+    program = spec.program
+    env = [
+        {"name": spec.env_names[key], "value": value}
+        for key, value in (
+            ("service", spec.ray_service),
+            ("namespace", spec.namespace),
+            ("digest", spec.digest),
+            ("deadline", str(spec.deadline_s)),
+            ("bounds", json.dumps({g: dict(b) for g, b in spec.bounds.items()}, sort_keys=True)),
         )
+    ]
+    return {
+        # One attempt: a second would find nothing stale and pass without the wait.
+        "backoffLimit": 0,
+        "activeDeadlineSeconds": spec.deadline_s + 120,
+        "template": {
+            "metadata": {"annotations": {program.annotation: program.digest}},
+            "spec": {
+                "serviceAccountName": spec.service_account,
+                "restartPolicy": "Never",
+                "nodeSelector": dict(spec.node_selector),
+                "containers": [
+                    {
+                        "name": "rollout",
+                        "image": spec.image,
+                        "command": ["python", f"{program.mount_path}/{program.file_name}"],
+                        "env": env,
+                        "resources": {
+                            "requests": {"cpu": "50m", "memory": "64Mi"},
+                            "limits": {"memory": "128Mi"},
+                        },
+                        "securityContext": {
+                            "allowPrivilegeEscalation": False,
+                            # The Ray image's own user (ray, uid 1000), given as a number.
+                            "runAsUser": 1000,
+                            "runAsNonRoot": True,
+                        },
+                        "volumeMounts": [{"name": "code", "mountPath": program.mount_path, "readOnly": True}],
+                    }
+                ],
+                "volumes": [{"name": "code", "configMap": {"name": program.config_map}}],
+            },
+        },
+    }

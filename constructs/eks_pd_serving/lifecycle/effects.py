@@ -34,6 +34,32 @@ def _labels(resource: Resource) -> Mapping[str, str]:
     return resource.properties.get("Labels") or {}
 
 
+def _rolling_update(resource: Resource) -> str:
+    """How EKS replaces the group's nodes, by its UpdateConfig (EKS API, NodegroupUpdateConfig; EKS
+    user guide, managed-node-update-behavior)."""
+    config = resource.properties.get("UpdateConfig") or {}
+    unavailable = config.get("MaxUnavailable", 1)
+    if config.get("UpdateStrategy") == "MINIMAL":
+        line = (
+            f"EKS terminates up to {unavailable} old node(s) before launching each replacement (UpdateStrategy "
+            "MINIMAL): no surge node, so it fits a full reservation, and the group runs that many nodes short "
+            "until each replacement joins"
+        )
+        if resource.properties.get("CapacityType") == "CAPACITY_BLOCK":
+            line += (
+                " (EKS's Capacity Block guide also advises desired size 0 before an upgrade; that the block "
+                "takes MINIMAL's replacement is on paper)"
+            )
+        return line
+    line = (
+        f"EKS launches a new node first (surge), then drains and terminates an old one, up to {unavailable} at a "
+        "time (UpdateStrategy DEFAULT)"
+    )
+    if resource.properties.get("CapacityType") == "CAPACITY_BLOCK":
+        line += "; a full block has no spare instance for the surge node, so the update fails"
+    return line
+
+
 def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> str:
     labels = _labels(resource)
     gpu = GPU_NODE_LABELS.items() <= labels.items()
@@ -53,15 +79,8 @@ def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> st
     if action == "replace":
         return f"{what} replaced: a new group is created, then the old one drained and deleted; {pods}"
     rolling = [p for p in paths if p.startswith(("/LaunchTemplate", "/ReleaseVersion", "/Version", "/AmiType"))]
-    if rolling and resource.properties.get("CapacityType") == "CAPACITY_BLOCK":
-        # A rolling update launches a new node before it drains an old one; a full block has none spare.
-        return (
-            f"{what} updated on a Capacity Block: a rolling update needs a spare instance in the block, which a "
-            "full block lacks, so EKS's guide says to set the group's desired size to 0 first (the phase is down "
-            f"until it is back); {pods}"
-        )
     if rolling:
-        return f"{what} updated: EKS replaces its nodes one at a time (rolling update); {pods}"
+        return f"{what} updated: {_rolling_update(resource)}; {pods}"
     if any(p.startswith("/ScalingConfig") for p in paths):
         return (
             f"{what} size bounds changed: EKS sets the group to the template's desired size at once "

@@ -42,6 +42,14 @@ def env_names() -> dict[str, str]:
     return dict(_constant("ENV"))
 
 
+def worker_bounds(ray_cluster_config: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """What the Job sets in place: each worker group's replicas and bounds, by group name."""
+    return {
+        str(group["groupName"]): {f: group[f] for f in _IN_PLACE if f in group}
+        for group in ray_cluster_config.get("workerGroupSpecs") or []
+    }
+
+
 def cluster_config_digest(ray_cluster_config: dict[str, Any]) -> str:
     """Digest of the parts of a ``rayClusterConfig`` that only a new RayCluster applies (tokens
     resolved to their CloudFormation form first, so the digest is the template's)."""
@@ -64,4 +72,5 @@ __all__ = [
     "env_names",
     "source",
     "source_digest",
+    "worker_bounds",
 ]

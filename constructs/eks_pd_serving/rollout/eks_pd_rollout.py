@@ -1,5 +1,5 @@
 """The rollout Job (pod-side): brings the running Ray cluster onto the RayService's cluster config
-inside ``cdk deploy``, and waits, bounded, until it serves again.
+inside ``cdk deploy`` (and inside its rollback), and waits, bounded, until it serves again.
 
 KubeRay 1.7 under ``upgradeStrategy: None`` never rebuilds a RayCluster for a changed
 ``rayClusterConfig`` (``shouldPrepareNewCluster`` in ``rayservice_controller.go`` is false for any
@@ -7,12 +7,14 @@ type but the NewCluster ones), and pushes no change of worker replicas or bounds
 leaves them out). When the active RayCluster is gone, though, it builds a pending one from the
 current spec, submits the serve config to it and points the Services at it once every Serve
 application is RUNNING. So this program, made by the stack for one config digest (the RayService's
-annotation ``DIGEST_ANNOTATION``, which KubeRay copies onto each RayCluster it creates):
+annotation ``DIGEST_ANNOTATION``, which KubeRay copies onto each RayCluster it creates) and one set
+of worker bounds (``EKS_PD_ROLLOUT_BOUNDS``):
 
-- deletes every RayCluster of the RayService whose digest is another (built from an older spec),
-  then waits until the RayService's active cluster has the digest and every application is RUNNING;
-- patches, in place, the worker groups' replicas, minReplicas and maxReplicas of a cluster that has
-  the digest but other bounds (no restart);
+- waits until the RayService carries the digest (a rollback may apply this Job before it), then
+  deletes every RayCluster of it whose digest is another (built from another spec), and waits until
+  the RayService's active cluster has the digest and every application is RUNNING;
+- patches, in place, the worker groups' replicas, minReplicas and maxReplicas to its bounds (no
+  restart);
 - exits 0 at once when nothing is stale (a first deploy: no cluster, or one built from this spec).
 
 It fails (exit 1) with one line naming what did not come up when ``EKS_PD_ROLLOUT_DEADLINE_S``
@@ -39,6 +41,8 @@ ENV = {
     "namespace": "EKS_PD_ROLLOUT_NAMESPACE",
     "digest": "EKS_PD_ROLLOUT_DIGEST",
     "deadline": "EKS_PD_ROLLOUT_DEADLINE_S",
+    # JSON: each worker group's replicas and bounds, by group name.
+    "bounds": "EKS_PD_ROLLOUT_BOUNDS",
 }
 NOTHING_LINE = "rollout: nothing to rebuild"
 DELETED_LINE = "rollout: deleted RayCluster"
@@ -73,10 +77,9 @@ def digest_of(cluster: dict[str, Any]) -> str | None:
     return ((cluster.get("metadata") or {}).get("annotations") or {}).get(DIGEST_ANNOTATION)
 
 
-def bound_patches(cluster: dict[str, Any], wanted: dict[str, Any]) -> list[dict[str, Any]]:
-    """JSON patch ops that give ``cluster``'s worker groups ``wanted``'s (the RayService's spec)
-    replicas and bounds, matched by group name."""
-    groups = {g.get("groupName"): g for g in (wanted.get("workerGroupSpecs") or [])}
+def bound_patches(cluster: dict[str, Any], groups: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """JSON patch ops that give ``cluster``'s worker groups the replicas and bounds in ``groups``
+    (this Job's ``EKS_PD_ROLLOUT_BOUNDS``), matched by group name."""
     ops = []
     for index, group in enumerate((cluster.get("spec") or {}).get("workerGroupSpecs") or []):
         target: dict[str, Any] = groups.get(group.get("groupName")) or {}
@@ -106,36 +109,61 @@ def serving(service: dict[str, Any], clusters: list[dict[str, Any]], digest: str
     return True, str(active)
 
 
-def converge(api: Api, namespace: str, name: str, digest: str, deadline_s: float, poll_s: float = 10.0) -> int:
+def converge(
+    api: Api,
+    namespace: str,
+    name: str,
+    digest: str,
+    deadline_s: float,
+    bounds: dict[str, dict[str, Any]] | None = None,
+    poll_s: float = 10.0,
+) -> int:
     base = f"/apis/ray.io/v1/namespaces/{namespace}"
     selector = urllib.parse.quote(f"{ORIGIN_LABEL}={name}", safe="")
+    bounds = bounds or {}
 
     def clusters() -> list[dict[str, Any]]:
         return list(api.call("GET", f"{base}/rayclusters?labelSelector={selector}").get("items") or [])
 
-    found = clusters()
-    stale = [c for c in found if digest_of(c) != digest]
-    if not stale:
-        spec = api.call("GET", f"{base}/rayservices/{name}")["spec"]["rayClusterConfig"]
+    def set_bounds(found: list[dict[str, Any]]) -> None:
         for cluster in found:
-            ops = bound_patches(cluster, spec)
+            ops = bound_patches(cluster, bounds)
             if ops:
                 api.call("PATCH", f"{base}/rayclusters/{cluster['metadata']['name']}", ops,
                          "application/json-patch+json")  # fmt: skip
                 print(f"rollout: worker bounds of RayCluster {cluster['metadata']['name']} set in place: {ops}")
-        print(f"{NOTHING_LINE}: every RayCluster of {name} has config {digest}", flush=True)
-        return 0
-    for cluster in stale:
-        cluster_name = cluster["metadata"]["name"]
-        api.call("DELETE", f"{base}/rayclusters/{cluster_name}", {"propagationPolicy": "Background"})
-        print(f"{DELETED_LINE} {cluster_name} (config {digest_of(cluster)}, the spec's is {digest})", flush=True)
+
     end = time.monotonic() + deadline_s
-    why = ""
-    while time.monotonic() < end:
-        ok, why = serving(api.call("GET", f"{base}/rayservices/{name}"), clusters(), digest)
-        if ok:
-            print(f"{SERVING_LINE} {why} with config {digest}", flush=True)
-            return 0
+    why, deleted = "", False
+    while True:
+        service = api.call("GET", f"{base}/rayservices/{name}")
+        found = clusters()
+        if digest_of(service) != digest:
+            # Applied before its RayService (a rollback's order): the stale cluster is the spec's.
+            why = f"the RayService has config {digest_of(service)}, not yet {digest}"
+        else:
+            stale = [c for c in found if digest_of(c) != digest]
+            if not stale and not deleted:
+                set_bounds(found)
+                print(f"{NOTHING_LINE}: every RayCluster of {name} has config {digest}", flush=True)
+                return 0
+            for cluster in stale:
+                if (cluster.get("metadata") or {}).get("deletionTimestamp"):
+                    continue  # already going
+                cluster_name = cluster["metadata"]["name"]
+                api.call("DELETE", f"{base}/rayclusters/{cluster_name}", {"propagationPolicy": "Background"})
+                print(
+                    f"{DELETED_LINE} {cluster_name} (config {digest_of(cluster)}, the spec's is {digest})", flush=True
+                )
+                deleted = True
+            deleted = deleted or bool(stale)
+            ok, why = serving(service, found, digest)
+            if ok:
+                set_bounds([c for c in found if digest_of(c) == digest])
+                print(f"{SERVING_LINE} {why} with config {digest}", flush=True)
+                return 0
+        if time.monotonic() >= end:
+            break
         print(f"rollout: waiting: {why}", flush=True)
         time.sleep(poll_s)
     line = f"{FAILED_LINE}: {name} did not serve on config {digest} within {deadline_s:.0f} s: {why}"
@@ -150,7 +178,8 @@ def converge(api: Api, namespace: str, name: str, digest: str, deadline_s: float
 
 def main() -> int:
     values = {key: os.environ[name] for key, name in ENV.items()}
-    return converge(Api(), values["namespace"], values["service"], values["digest"], float(values["deadline"]))
+    return converge(Api(), values["namespace"], values["service"], values["digest"], float(values["deadline"]),
+                    bounds=json.loads(values["bounds"]))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -28,18 +28,29 @@ from .destroy import (
 from .finding import Finding
 from .network import serve_port_admits_nlb_subnets
 from .placement import no_unmovable_pods_on_autoscaled_nodes, rendered_agents, workloads_follow_their_nodes
-from .reservations import capacity_blocks_scale_to_zero_before_their_end
+from .reservations import (
+    block_end_failures_are_kept_and_alarmed,
+    capacity_blocks_scale_to_zero_before_their_end,
+    reserved_groups_roll_without_a_surge,
+)
 from .updates import (
     moved_objects_applied_before_prune,
     named_log_groups_preflighted,
     old_pods_keep_what_they_mount,
     pruned_objects_leave,
+    waited_jobs_are_pruned,
+    waited_jobs_move_with_what_they_apply,
 )
 
 # The rules over the templates before and after a change.
 UPDATE_RULES: dict[str, Callable[[StackModel, StackModel], list[Finding]]] = {
     rule.__name__: rule
-    for rule in (pruned_objects_leave, old_pods_keep_what_they_mount, moved_objects_applied_before_prune)
+    for rule in (
+        pruned_objects_leave,
+        old_pods_keep_what_they_mount,
+        moved_objects_applied_before_prune,
+        waited_jobs_move_with_what_they_apply,
+    )
 }
 
 TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
@@ -58,6 +69,9 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         new_cluster_upgrade_fits,
         serve_port_admits_nlb_subnets,
         capacity_blocks_scale_to_zero_before_their_end,
+        reserved_groups_roll_without_a_surge,
+        block_end_failures_are_kept_and_alarmed,
+        waited_jobs_are_pruned,
     )
 }
 
@@ -77,11 +91,11 @@ __all__ = [
     "NodeBudget",
     "aws_controllers_outlive_credentials_and_nodes",
     "aws_controllers_outlive_dns",
+    "block_end_failures_are_kept_and_alarmed",
     "capacity_blocks_scale_to_zero_before_their_end",
     "check",
     "finalized_objects_outlive_no_controller",
     "head_cpu_m",
-    # The template rules, as TEMPLATE_RULES lists them.
     "kubectl_resources_outlive_api_route",
     "kubectl_resources_outlive_egress",
     "lambda_log_groups_outlive_their_functions",
@@ -94,8 +108,11 @@ __all__ = [
     "ray_clusters_outlive_no_gcs_store",
     "ray_heads",
     "rendered_agents",
+    "reserved_groups_roll_without_a_surge",
     "serve_port_admits_nlb_subnets",
     "system_budget",
     "system_nodes_hold_their_pods",
+    "waited_jobs_are_pruned",
+    "waited_jobs_move_with_what_they_apply",
     "workloads_follow_their_nodes",
 ]

@@ -1,12 +1,14 @@
-"""Rules on GPU capacity bought for a time: a Capacity Block's node group is scaled to zero before
-EC2 terminates the block's instances, at a time read from the block itself."""
+"""Rules on GPU capacity bought ahead: a Capacity Block's node group is scaled to zero before EC2
+terminates the block's instances, at a time read from the block itself, and every node group in a
+reservation rolls without a surge node (a full reservation has none to give), and a failed
+scale-down is kept and raises an alarm."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from ..graph import StackModel
+from ..graph import StackModel, references
 from .finding import Finding
 
 NODEGROUP = "AWS::EKS::Nodegroup"
@@ -47,6 +49,66 @@ def capacity_blocks_scale_to_zero_before_their_end(model: StackModel) -> list[Fi
                 getatt = target.get("Fn::GetAtt") if isinstance(target, dict) else None
                 if not getatt or getatt[0] not in functions:
                     found.append(Finding(rule, schedule.id, "its target is not the Capacity Block end function"))
+    return found
+
+
+def reserved_groups_roll_without_a_surge(model: StackModel) -> list[Finding]:
+    """Each node group that launches into a reservation (``CapacityType: CAPACITY_BLOCK``, or a
+    launch template targeting an ODCR or a reservation group) has ``UpdateConfig.UpdateStrategy``
+    MINIMAL: EKS's DEFAULT launches the new node before it terminates an old one, and EC2 refuses
+    that instance when the reservation is full."""
+    rule = "reserved_groups_roll_without_a_surge"
+    reserving = {
+        r.id
+        for r in model.of_type("AWS::EC2::LaunchTemplate")
+        if ((r.properties.get("LaunchTemplateData") or {}).get("CapacityReservationSpecification") or {}).get(
+            "CapacityReservationTarget"
+        )
+    }
+    found = []
+    for group in model.of_type(NODEGROUP):
+        template = set(references(group.properties.get("LaunchTemplate") or {}))
+        if group.properties.get("CapacityType") != "CAPACITY_BLOCK" and not template & reserving:
+            continue
+        strategy = (group.properties.get("UpdateConfig") or {}).get("UpdateStrategy", "DEFAULT")
+        if strategy != "MINIMAL":
+            found.append(
+                Finding(rule, group.id, f"UpdateStrategy {strategy} in a reservation: its surge node cannot launch")
+            )
+    return found
+
+
+def block_end_failures_are_kept_and_alarmed(model: StackModel) -> list[Finding]:
+    """The Capacity Block end function runs asynchronously (Scheduler invokes Lambda with the
+    Event type; Lambda retries twice, then drops the event): it has an on-failure destination
+    (AWS::Lambda::EventInvokeConfig) and an alarm on its Errors, and each schedule that runs it a
+    dead-letter queue for the invocations Scheduler itself cannot make."""
+    rule = "block_end_failures_are_kept_and_alarmed"
+    found = []
+    functions = [r for r in model.of_type("AWS::Lambda::Function") if r.properties.get("Handler") == BLOCK_END_HANDLER]
+    for function in functions:
+        configs = [
+            c
+            for c in model.of_type("AWS::Lambda::EventInvokeConfig")
+            if function.id in set(references(c.properties.get("FunctionName")))
+        ]
+        if not any(((c.properties.get("DestinationConfig") or {}).get("OnFailure") or {}).get("Destination")
+                   for c in configs):  # fmt: skip
+            found.append(Finding(rule, function.id, "no on-failure destination: a failed scale-down is dropped"))
+        alarms = [
+            a
+            for a in model.of_type("AWS::CloudWatch::Alarm")
+            if a.properties.get("MetricName") == "Errors"
+            and any(function.id in set(references(d.get("Value"))) for d in a.properties.get("Dimensions") or [])
+        ]
+        if not alarms:
+            found.append(Finding(rule, function.id, "no alarm on its Errors: a failed scale-down warns nobody"))
+        for schedule in model.of_type(SCHEDULE):
+            target = schedule.properties.get("Target") or {}
+            if function.id in set(references(target.get("Arn"))) and not (target.get("DeadLetterConfig") or {}).get(
+                "Arn"
+            ):
+                found.append(Finding(rule, schedule.id, "no dead-letter queue for an invocation Scheduler cannot make"))
     return found
 
 

@@ -106,3 +106,60 @@ def moved_objects_applied_before_prune(before: StackModel, after: StackModel) ->
                     Finding(rule, new, f"creates {obj.key}, which exists: kubectl create fails (no Overwrite)")
                 )
     return found
+
+
+WAIT = "Custom::AWSCDK-EKS-KubernetesObjectValue"
+
+
+def _waited_jobs(model: StackModel) -> dict[str, tuple[str, facts.KubeObject]]:
+    """Job name -> (its manifest resource, the Job), for each Job the deploy waits on."""
+    waited = {
+        str(r.properties.get("ObjectName"))
+        for r in model.of_type(WAIT)
+        if str(r.properties.get("ObjectType", "")).lower() in ("job", "jobs")
+    }
+    return {
+        obj.name: (resource.id, obj)
+        for resource in model.of_type(facts.MANIFEST)
+        for obj in facts.kube_objects(resource)
+        if obj.kind == "Job" and obj.name in waited
+    }
+
+
+def waited_jobs_are_pruned(model: StackModel) -> list[Finding]:
+    """A Job the deploy waits on is applied pruned: the next Job's apply deletes it, so a rollback
+    (or a deploy of that config again) creates it anew and it runs. Left finished in place, the
+    re-applied old Job changes nothing and the wait passes at once."""
+    return [
+        Finding("waited_jobs_are_pruned", manifest, f"Job {name} stays after the next one: a rollback would not run it")
+        for name, (manifest, _) in sorted(_waited_jobs(model).items())
+        if "PruneLabel" not in model.resources[manifest].properties
+    ]
+
+
+def _cluster_config(model: StackModel) -> dict[str, object]:
+    return {
+        obj.name: obj.body.get("spec", {}).get("rayClusterConfig")
+        for resource in model.of_type(facts.MANIFEST)
+        for obj in facts.kube_objects(resource)
+        if obj.kind == "RayService"
+    }
+
+
+def waited_jobs_move_with_what_they_apply(before: StackModel, after: StackModel) -> list[Finding]:
+    """A Job the deploy waits on is a new Job (a new name) whenever the RayService's cluster config
+    changes, worker bounds included (else no Job runs: KubeRay applies none of it under None), and
+    keeps its name only with the same spec (a Job's pod template is immutable: "field is immutable")."""
+    rule = "waited_jobs_move_with_what_they_apply"
+    old, new = _waited_jobs(before), _waited_jobs(after)
+    found = [
+        Finding(rule, new[name][0], f"Job {name} keeps its name with another spec: the apply fails (immutable)")
+        for name in sorted(set(old) & set(new))
+        if old[name][1].body.get("spec") != new[name][1].body.get("spec")
+    ]
+    if old and new and set(old) == set(new) and _cluster_config(before) != _cluster_config(after):
+        found += [
+            Finding(rule, new[name][0], f"the RayService's cluster config changed but Job {name} did not: nothing runs")
+            for name in sorted(new)
+        ]
+    return found
