@@ -14,7 +14,7 @@ from typing import Any
 from aws_cdk import Aws, Token
 from aws_cdk import aws_ec2 as ec2
 
-from . import k8s, versions
+from . import k8s, rollout, versions
 from .capacity.checks import GroupNeed, ReservedGroup
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
@@ -22,7 +22,7 @@ from .config import ConfigError, DeploymentConfig, derived
 from .endpoint import proxy
 from .fault_tolerance import auth, failover, kv_guard
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
-from .sizing import MAX_NUM_BATCHED_TOKENS
+from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, checkpoint_bytes
 from .weights.model_weights import Removal
 
 
@@ -105,6 +105,8 @@ class DeploymentPlan:
     observability: ObservabilityPlan | None
     image: str
     converge: bool
+    #: How long the rollout Job waits for a rebuilt cluster (``rollout_deadline_s``).
+    rollout_deadline_s: int
 
     @property
     def capacity_blocks(self) -> tuple[ReservedGroup, ...]:
@@ -167,6 +169,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         else None,
         image=config.image or versions.ray_image_uri(resolved_region),
         converge=converges(config),
+        rollout_deadline_s=rollout_deadline_s(config),
     )
 
 
@@ -256,6 +259,13 @@ def access_logs_prefix(config: DeploymentConfig, source: str) -> str:
 def converges(config: DeploymentConfig) -> bool:
     """Whether the deploy brings the running Ray cluster onto each new cluster config itself."""
     return config.ray_upgrade_strategy == "recreate"
+
+
+def rollout_deadline_s(config: DeploymentConfig) -> int:
+    """The rollout Job's deadline: the engines' start, an image pull and the model's read
+    (``rollout.deadline_s``; the catalogue's checkpoint size, else an unknown model's)."""
+    facts = config.model_facts
+    return rollout.deadline_s(checkpoint_bytes(facts) if facts else None, IMAGE_DISK_GIB)
 
 
 def region(config: DeploymentConfig) -> str:

@@ -143,6 +143,7 @@ class PdServing(Construct):
                 *access,
             ],
             converge=plan.converge,
+            rollout_deadline_s=plan.rollout_deadline_s,
         )
         self._observe(plan)
         self._end_capacity_blocks(plan)

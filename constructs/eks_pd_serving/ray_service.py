@@ -18,9 +18,7 @@ from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps
 from .k8s.ray_service import ray_service_spec
 from .k8s.rollout import job_spec
 
-# The kubectl handler that waits for the rollout Job runs at most 15 minutes (aws-cdk-lib's
-# KubectlProvider); its wait stops a minute before, the Job's own a minute before that.
-ROLLOUT_WAIT = Duration.minutes(13)
+# The deadline of a model the caller does not size (``rollout.deadline_s`` derives one).
 ROLLOUT_DEADLINE_S = 11 * 60
 
 
@@ -37,6 +35,9 @@ class RayServiceManifest(Construct):
         Default: () (nothing).
     :param converge: run the rollout Job after each change of the cluster config, and have the
         deploy wait until it succeeds (``ray_upgrade_strategy=recreate``). Default: False.
+    :param rollout_deadline_s: how long the rollout Job waits for a rebuilt cluster to serve
+        (``rollout.deadline_s`` derives it from the model and the image); the deploy waits on the
+        Job in steps of ``rollout.WAIT_S`` at most, one per window of it. Default: ROLLOUT_DEADLINE_S (660).
     """
 
     def __init__(
@@ -48,6 +49,7 @@ class RayServiceManifest(Construct):
         cluster: eks.ICluster,
         depends_on: Sequence[Construct] = (),
         converge: bool = False,
+        rollout_deadline_s: int = ROLLOUT_DEADLINE_S,
     ) -> None:
         super().__init__(scope, id)
         self.props = props
@@ -59,7 +61,9 @@ class RayServiceManifest(Construct):
         if converge:
             # The digest of the template's own cluster config (tokens as CloudFormation has them).
             resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
-            spec = _rollout_spec(props, rollout.cluster_config_digest(resolved), rollout.worker_bounds(resolved))
+            spec = _rollout_spec(
+                props, rollout.cluster_config_digest(resolved), rollout.worker_bounds(resolved), rollout_deadline_s
+            )
             # The Job's name carries a digest of its whole spec as the template holds it.
             job = json.dumps(Stack.of(self).resolve(job_spec(spec)), sort_keys=True)
             self.rollout = replace(spec, template_digest=hashlib.sha256(job.encode()).hexdigest())
@@ -82,20 +86,32 @@ class RayServiceManifest(Construct):
                 f"{id}Rollout", RolloutChart(cdk8s.App(), "Rollout", spec=self.rollout)
             )
             self.rollout_manifest.node.add_dependency(self.manifest)
-            self.rollout_wait = eks.KubernetesObjectValue(
-                self,
-                "RolloutWait",
-                cluster=cluster,
-                object_type="job",
-                object_name=self.rollout.job_name,
-                object_namespace=props.namespace,
-                json_path=".status.succeeded",
-                timeout=ROLLOUT_WAIT,
-            )
-            self.rollout_wait.node.add_dependency(self.rollout_manifest)
+            # Steps that each fit the kubectl handler's 15 minutes: the Job's start, each window of
+            # its deadline it marks on itself, its success (the last keeps the id it always had).
+            previous: Construct = self.rollout_manifest
+            self.rollout_waits: list[eks.KubernetesObjectValue] = []
+            paths = rollout.wait_paths(self.rollout.deadline_s)
+            for index, path in enumerate(paths):
+                last = index == len(paths) - 1
+                wait = eks.KubernetesObjectValue(
+                    self,
+                    "RolloutWait" if last else ("RolloutStarted" if index == 0 else f"RolloutWindow{index}"),
+                    cluster=cluster,
+                    object_type="job",
+                    object_name=self.rollout.job_name,
+                    object_namespace=props.namespace,
+                    json_path=path,
+                    timeout=Duration.seconds(rollout.WAIT_S),
+                )
+                wait.node.add_dependency(previous)
+                self.rollout_waits.append(wait)
+                previous = wait
+            self.rollout_wait = self.rollout_waits[-1]
 
 
-def _rollout_spec(props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]]) -> RolloutSpec:
+def _rollout_spec(
+    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int
+) -> RolloutSpec:
     names = rollout.env_names()
     return RolloutSpec(
         ray_service=props.name,
@@ -112,6 +128,9 @@ def _rollout_spec(props: RayServiceProps, digest: str, bounds: dict[str, dict[st
         env_names=names,
         image=props.image,
         node_selector=props.system_node_selector,
-        deadline_s=ROLLOUT_DEADLINE_S,
+        deadline_s=deadline_s,
+        window_s=rollout.WINDOW_S,
+        pod_start_s=rollout.POD_START_S,
+        pod_job_label=rollout.pod_job_label(),
         bounds=bounds,
     )

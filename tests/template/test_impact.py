@@ -72,12 +72,15 @@ def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dic
     assert effects == ["RayCluster config changed under recreate", "serve config changed"]
     ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert REBUILDS in ray and "every request fails from the deletion until the new engines serve" in ray
+    # The deploy's bound on it: the rollout Job's deadline, derived from the model and the image.
+    assert "the deploy waits until it serves (at most 12 minutes, the rollout Job's deadline" in ray
+    assert "the rollback rebuilds the cluster back" in ray
     # The rollout Job for the new digest is created and the old one pruned (so a rollback re-creates
     # and runs it), and the deploy's wait follows the new one.
     job = [o for o in result.objects if o.object.startswith("Job/inference/ray-llm-rollout-")]
     assert sorted(o.action for o in job) == ["create", "prune"]
-    (wait,) = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
-    assert wait.action == "modify"
+    waits = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")  # its start, its success
+    assert [w.action for w in waits] == ["modify", "modify"]
 
 
 def test_under_manual_a_cluster_config_change_waits_for_a_recreate_by_hand(synthesized: dict[str, Path]) -> None:
@@ -120,7 +123,8 @@ def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesize
     assert "ConfigMap/inference/ray-llm-api-keys-code" not in objects
     service = objects.pop("RayService/inference/ray-llm")
     assert REBUILDS in service and "API key check turns on with the rebuilt cluster, inside the deploy" in service
-    assert {o.split("/")[0] for o in objects} == {"Job"}
+    # The new rollout Job, and its Role, which names it (the Job may mark only itself).
+    assert {o.split("/")[0] for o in objects} == {"Job", "Role"}
 
 
 def test_api_keys_off_says_what_a_restarting_pod_meets_and_keeps_the_code(synthesized: dict[str, Path]) -> None:
@@ -183,7 +187,7 @@ def test_the_command_prints_a_deterministic_table_and_exits_1_on_a_change(synthe
     second = run_cli(str(synthesized["base"].parent), str(synthesized["g6e"].parent))
     assert first.returncode == 1 and first.stdout == second.stdout
     assert "REPLACE" in first.stdout and "GPU node group replaced" in first.stdout
-    assert first.stdout.rstrip().endswith("5 change(s)")
+    assert first.stdout.rstrip().endswith("6 change(s)")
 
 
 def test_the_command_exits_0_without_a_change_and_2_on_a_missing_folder(

@@ -15,10 +15,9 @@ import pytest
 from aws_cdk.assertions import Template
 from support import build_stack, resources_of_type
 
-from eks_pd_serving import rollout
+from eks_pd_serving import mapping, rollout
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.config import DeploymentConfig
-from eks_pd_serving.ray_service import ROLLOUT_DEADLINE_S
 
 ANNOTATION = rollout.digest_annotation()
 
@@ -37,47 +36,97 @@ def digest(template: dict[str, Any]) -> str | None:
     return (service["metadata"].get("annotations") or {}).get(ANNOTATION)
 
 
+def _env(job: dict[str, Any]) -> dict[str, Any]:
+    return {
+        e["name"]: e.get("value", e.get("valueFrom")) for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+
+
+def _waits(template: dict[str, Any]) -> list[dict[str, Any]]:
+    """The deploy's wait steps on the Job, in the order their dependencies give."""
+    waits = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+    ordered: list[str] = []
+    while len(ordered) < len(waits):
+        ordered += [
+            k for k, w in waits.items() if k not in ordered and set(w.get("DependsOn", [])) & set(waits) <= set(ordered)
+        ]
+    return [waits[k]["Properties"] for k in ordered]
+
+
 def test_the_default_converges_a_cluster_config_change_inside_the_deploy() -> None:
     template = synthesized()
     (service,) = objects(template, "RayService")
     assert service["spec"]["upgradeStrategy"] == {"type": "None"}  # KubeRay's; the Job rebuilds
     (job,) = objects(template, "Job")
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = _env(job)
     names = rollout.env_names()
     assert env[names["digest"]] == (found := str(digest(template)))
     assert job["metadata"]["name"].startswith(f"ray-llm-rollout-{found[:10]}")
-    assert (env[names["service"]], env[names["namespace"]], env[names["deadline"]]) == (
+    deadline = mapping.rollout_deadline_s(DeploymentConfig.create())
+    assert (env[names["service"]], env[names["namespace"]], env[names["deadline"]], env[names["window"]]) == (
         "ray-llm",
         "inference",
-        str(ROLLOUT_DEADLINE_S),
+        str(deadline),
+        str(rollout.WINDOW_S),
     )
+    assert env[names["job"]] == {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}
     assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == deadline + rollout.POD_START_S
     (code,) = [c for c in objects(template, "ConfigMap") if c["metadata"]["name"] == "ray-llm-rollout-code"]
     assert code["data"] == {rollout.FILE_NAME: rollout.source()}
-    # The deploy waits for the Job by name, within the kubectl handler's 15 minutes.
-    (wait,) = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue").values()
-    props = wait["Properties"]
-    assert (props["ObjectType"], props["ObjectName"], props["JsonPath"]) == (
-        "job",
-        job["metadata"]["name"],
+    # The deploy waits for the Job by name: its start, then its success, each within the kubectl
+    # handler's 15 minutes.
+    waits = _waits(template)
+    assert [(w["ObjectType"], w["ObjectName"], w["JsonPath"]) for w in waits] == [
+        ("job", job["metadata"]["name"], ".metadata.annotations.eks-pd\\.io/rollout-started"),
+        ("job", job["metadata"]["name"], ".status.succeeded"),
+    ]
+    assert all(int(w["TimeoutSeconds"]) == rollout.WAIT_S < 15 * 60 for w in waits)
+
+
+def test_the_deadline_follows_the_model_and_the_image_and_the_wait_steps_cover_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Qwen3.5-9B: 12 minutes (engines 5, head 2, a 20 GiB image pull 3.4, 17.7 GiB read 1.5), one
+    window. A model of 140 GiB needs about 23 minutes: two windows, so three wait steps, each
+    under 15 minutes, together longer than the deadline plus the pod's start."""
+    assert rollout.deadline_s(int(17.66 * 2**30), 40) == 12 * 60
+    big = rollout.deadline_s(140 * 2**30, 40)
+    assert big == 23 * 60 and rollout.windows(big) == 2
+    paths = rollout.wait_paths(big)
+    assert paths == [
+        ".metadata.annotations.eks-pd\\.io/rollout-started",
+        ".metadata.annotations.eks-pd\\.io/rollout-window-1",
         ".status.succeeded",
-    )
-    assert ROLLOUT_DEADLINE_S < int(props["TimeoutSeconds"]) < 15 * 60
+    ]
+    # The first step covers the pod's start; then each window gets a full step, the last with room.
+    assert rollout.WAIT_S >= rollout.POD_START_S and rollout.WINDOW_S < rollout.WAIT_S
+    assert rollout.windows(big) * rollout.WAIT_S >= big
+    # A catalogue model that big needs GPUs this template's tests do not size: the deadline is given.
+    monkeypatch.setattr(mapping, "rollout_deadline_s", lambda config: big)
+    template = dict(Template.from_stack(build_stack()).to_json())
+    (job,) = objects(template, "Job")
+    assert int(_env(job)[rollout.env_names()["deadline"]]) == big
+    assert [w["JsonPath"] for w in _waits(template)] == paths
 
 
-def test_the_jobs_rights_are_its_rayservice_and_its_rayclusters_only() -> None:
+def test_the_jobs_rights_are_its_rayservice_its_rayclusters_and_its_own_marks() -> None:
     template = synthesized()
+    (job,) = objects(template, "Job")
     (role,) = objects(template, "Role")
     assert role["rules"] == [
         {"apiGroups": ["ray.io"], "resources": ["rayservices"], "resourceNames": ["ray-llm"], "verbs": ["get"]},
         {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+        {"apiGroups": ["batch"], "resources": ["jobs"], "resourceNames": [job["metadata"]["name"]], "verbs": ["patch"]},
     ]
     (binding,) = objects(template, "RoleBinding")
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ray-llm-rollout", "namespace": "inference"}]
-    (job,) = objects(template, "Job")
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "ray-llm-rollout"
     assert pod["containers"][0]["securityContext"]["runAsNonRoot"] is True
+    # Beside the Ray head, whose image is already on that node.
+    (term,) = pod["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["labelSelector"] == {"matchLabels": {"ray.io/node-type": "head"}}
 
 
 def test_a_new_job_prunes_the_one_before_so_a_rollback_runs_the_old_job_again() -> None:
@@ -96,10 +145,9 @@ def test_a_new_job_prunes_the_one_before_so_a_rollback_runs_the_old_job_again() 
     assert "PruneLabel" in manifests[service_rid]["Properties"]
 
 
-def _job(template: dict[str, Any]) -> tuple[str, dict[str, str]]:
+def _job(template: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     (job,) = objects(template, "Job")
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
-    return job["metadata"]["name"], env
+    return job["metadata"]["name"], _env(job)
 
 
 def test_a_change_of_worker_bounds_alone_is_a_new_job_that_sets_them() -> None:
@@ -121,7 +169,8 @@ def test_the_jobs_name_covers_its_whole_pod_template() -> None:
     from eks_pd_serving.k8s import PodProgram, RolloutChart, RolloutSpec
 
     program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
-    spec = RolloutSpec("ray-llm", "inference", "d" * 16, program, rollout.env_names(), "image", {"role": "system"}, 60)
+    spec = RolloutSpec("ray-llm", "inference", "d" * 16, program, rollout.env_names(), "image", {"role": "system"},
+                       60, 30, 840, rollout.pod_job_label())  # fmt: skip
     variants = [
         spec,
         replace(spec, node_selector={"role": "other"}),

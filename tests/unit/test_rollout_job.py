@@ -21,6 +21,7 @@ from eks_pd_serving import rollout
 
 PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
 NS, NAME, NEW, OLD = "inference", "ray-llm", "new-digest", "old-digest"
+JOB = "ray-llm-rollout-new-digest-abcdef"
 ANNOTATION = rollout.digest_annotation()
 
 
@@ -54,6 +55,7 @@ class Cluster:
         self.rebuild_after = rebuild_after
         self.applied, self.reverted_after = applied, reverted_after
         self.polls = self.reads = 0
+        self.job_marks: dict[str, str] = {}
         self.calls: list[tuple[str, str, Any]] = []
         self.lock = threading.Lock()
 
@@ -115,6 +117,10 @@ def api() -> Iterator[tuple[str, list[Cluster]]]:
                 if method == "DELETE" and self.path.startswith(f"{base}/rayclusters/"):
                     world.clusters.pop(self.path.rsplit("/", 1)[1])
                     return self._answer({})
+                if method == "PATCH" and self.path.startswith(f"/apis/batch/v1/namespaces/{NS}/jobs/"):
+                    assert self.headers["Content-Type"] == "application/merge-patch+json"
+                    world.job_marks.update((body or {})["metadata"]["annotations"])
+                    return self._answer({})
                 if method == "PATCH" and self.path.startswith(f"{base}/rayclusters/"):
                     assert self.headers["Content-Type"] == "application/json-patch+json"
                     target = world.clusters[self.path.rsplit("/", 1)[1]]
@@ -141,14 +147,16 @@ def api() -> Iterator[tuple[str, list[Cluster]]]:
 
 
 def run(
-    base: str, deadline_s: float = 20, digest: str = NEW, max_replicas: int = 2
+    base: str, deadline_s: float = 20, digest: str = NEW, max_replicas: int = 2, window_s: float | None = None
 ) -> subprocess.CompletedProcess[str]:
     """The program as the Job runs it, with a test's API in place of the in-cluster one, for the
-    config ``digest`` and the gpu group's ``max_replicas`` (the Job's env)."""
+    config ``digest``, the gpu group's ``max_replicas`` and the wait's ``window_s`` (the Job's env)."""
     bounds = {"gpu": {"replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}}
+    window = window_s or deadline_s
     driver = (
         f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
-        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, poll_s=0.05))"
+        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, "
+        f"window_s={window!r}, job={JOB!r}, poll_s=0.05))"
     )
     return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
 
@@ -181,7 +189,7 @@ def test_nothing_stale_is_a_first_deploy_or_a_serve_only_change_and_passes_at_on
         state[:] = [world := Cluster(clusters)]
         ran = run(base)
         assert ran.returncode == 0 and "rollout: nothing to rebuild" in ran.stdout
-        assert not [c for c in world.calls if c[0] in ("DELETE", "PATCH")]
+        assert not [c for c in world.calls if c[0] == "DELETE" or (c[0] == "PATCH" and "/rayclusters/" in c[1])]
 
 
 def test_new_worker_bounds_are_set_in_place_without_a_rebuild(api: Any) -> None:
@@ -236,6 +244,34 @@ def test_a_rayservice_that_never_carries_the_jobs_config_fails_the_job_and_delet
     assert not [c for c in world.calls if c[0] == "DELETE"]
 
 
+def test_the_job_marks_its_start_each_window_and_at_success_every_window(api: Any) -> None:
+    """The deploy waits in steps of at most 14 minutes (the kubectl handler's Lambda runs 15): one
+    on the Job's start, one per window of its deadline but the last, one on its success. The Job
+    marks each step on itself; at success every window at once, so the remaining steps pass."""
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)], rebuild_after=30))
+    ran = run(base, deadline_s=20, window_s=0.5)  # 40 windows: the first few pass while it waits
+    assert ran.returncode == 0, ran.stderr
+    marks = world.job_marks
+    assert marks.pop("eks-pd.io/rollout-started") == "true"
+    assert sorted(marks, key=lambda k: int(k.rsplit("-", 1)[1])) == [
+        f"eks-pd.io/rollout-window-{k}" for k in range(1, 40)
+    ]
+    assert set(marks.values()) == {"done"}
+    patches = [c for c in world.calls if c[0] == "PATCH" and "/jobs/" in c[1]]
+    assert patches[0][1] == f"/apis/batch/v1/namespaces/{NS}/jobs/{JOB}"
+    assert any(set(c[2]["metadata"]["annotations"].values()) == {"passed"} for c in patches)  # while it waited
+
+
+def test_a_job_that_fails_never_marks_the_last_windows(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)], rebuild_after=None))
+    ran = run(base, deadline_s=1.0, window_s=0.4)  # windows 1 and 2 of 3
+    assert ran.returncode == 1
+    assert world.job_marks.get("eks-pd.io/rollout-window-2") in (None, "passed")
+    assert "done" not in world.job_marks.values()
+
+
 # --- the Job's calls against its Role (RBAC is the Job's IAM: the emulated API grants everything) ---
 def _role_rules(rules_override: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
     import cdk8s
@@ -243,7 +279,9 @@ def _role_rules(rules_override: list[dict[str, Any]] | None = None) -> list[dict
     from eks_pd_serving.k8s import PodProgram, RolloutChart, RolloutSpec
 
     program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
-    spec = RolloutSpec(NAME, NS, NEW, program, rollout.env_names(), "image", {"role": "system"}, 60)
+    spec = RolloutSpec(NAME, NS, NEW, program, rollout.env_names(), "image", {"role": "system"}, 60, 30, 840,
+                       rollout.pod_job_label(), template_digest="abcdef")  # fmt: skip
+    assert spec.job_name == JOB  # the Job the test's calls mark
     (role,) = [o for o in RolloutChart(cdk8s.App(), "R", spec=spec).to_json() if o["kind"] == "Role"]
     return rules_override if rules_override is not None else role["rules"]
 
@@ -273,8 +311,11 @@ def test_every_call_the_job_makes_is_allowed_by_its_role_and_a_removed_grant_is_
     assert run(base, max_replicas=4).returncode == 0
     calls = world.calls + bounds.calls
     assert {c[0] for c in calls} == {"GET", "DELETE", "PATCH"}  # every kind of call was made
+    assert any("/jobs/" in c[1] for c in calls)  # its own Job's marks
     assert _denied(calls, _role_rules()) == []
     without_patch = [{**r, "verbs": [v for v in r["verbs"] if v != "patch"]} for r in _role_rules()]
-    assert _denied(calls, _role_rules(without_patch)) == ["patch rayclusters/ray-llm-new"]
+    assert set(_denied(calls, _role_rules(without_patch))) == {f"patch jobs/{JOB}", "patch rayclusters/ray-llm-new"}
+    other_job = [{**r, "resourceNames": ["other"]} if r["resources"] == ["jobs"] else r for r in _role_rules()]
+    assert f"patch jobs/{JOB}" in _denied(calls, _role_rules(other_job))
     other_service = [{**r, "resourceNames": ["other"]} if "resourceNames" in r else r for r in _role_rules()]
     assert "get rayservices/ray-llm" in _denied(calls, _role_rules(other_service))

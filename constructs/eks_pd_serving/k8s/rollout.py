@@ -34,6 +34,12 @@ class RolloutSpec:
     node_selector: dict[str, str]
     #: How long the Job waits for the rebuilt cluster to serve before it fails.
     deadline_s: int
+    #: The windows of ``deadline_s`` the Job marks on itself (the deploy's wait steps), and how long
+    #: its pod may take to start (its image pulled) beside the deadline.
+    window_s: int
+    pod_start_s: int
+    #: The Job controller's label on its pods that names their Job (the program marks its Job).
+    pod_job_label: str
     #: Each worker group's replicas and bounds, by group name: the Job sets them in place.
     bounds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: A digest of ``job_spec(self)`` as the template holds it (tokens resolved): the Job's name
@@ -74,6 +80,13 @@ class RolloutChart(cdk8s.Chart):
                         "verbs": ["get"],
                     },
                     {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+                    # Its own Job: the annotations the deploy's wait steps read.
+                    {
+                        "apiGroups": ["batch"],
+                        "resources": ["jobs"],
+                        "resourceNames": [spec.job_name],
+                        "verbs": ["patch"],
+                    },
                 ],
             )
         )
@@ -102,7 +115,7 @@ class RolloutChart(cdk8s.Chart):
 def job_spec(spec: RolloutSpec) -> dict[str, Any]:
     """The Job's spec (without its name, which carries this spec's digest)."""
     program = spec.program
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": spec.env_names[key], "value": value}
         for key, value in (
             ("service", spec.ray_service),
@@ -110,18 +123,39 @@ def job_spec(spec: RolloutSpec) -> dict[str, Any]:
             ("digest", spec.digest),
             ("deadline", str(spec.deadline_s)),
             ("bounds", json.dumps({g: dict(b) for g, b in spec.bounds.items()}, sort_keys=True)),
+            ("window", str(spec.window_s)),
         )
     ]
+    env.append(
+        {
+            "name": spec.env_names["job"],
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{spec.pod_job_label}']"}},
+        }
+    )
     return {
         # One attempt: a second would find nothing stale and pass without the wait.
         "backoffLimit": 0,
-        "activeDeadlineSeconds": spec.deadline_s + 120,
+        "activeDeadlineSeconds": spec.deadline_s + spec.pod_start_s,
         "template": {
             "metadata": {"annotations": {program.annotation: program.digest}},
             "spec": {
                 "serviceAccountName": spec.service_account,
                 "restartPolicy": "Never",
                 "nodeSelector": dict(spec.node_selector),
+                # Beside the Ray head, whose image it runs: already pulled there (tens of GB).
+                "affinity": {
+                    "podAffinity": {
+                        "preferredDuringSchedulingIgnoredDuringExecution": [
+                            {
+                                "weight": 100,
+                                "podAffinityTerm": {
+                                    "labelSelector": {"matchLabels": {"ray.io/node-type": "head"}},
+                                    "topologyKey": "kubernetes.io/hostname",
+                                },
+                            }
+                        ]
+                    }
+                },
                 "containers": [
                     {
                         "name": "rollout",

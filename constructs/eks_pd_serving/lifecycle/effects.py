@@ -12,7 +12,7 @@ from typing import Any, Literal
 from ..assembly import field_diff
 from ..endpoint import proxy
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from ..rollout import digest_annotation
+from ..rollout import digest_annotation, env_names
 from . import facts, needs, rollout
 from .graph import Resource, StackModel, placeholders
 
@@ -209,8 +209,25 @@ def _worker_instance_types(model: StackModel, ray_service: Mapping[str, Any]) ->
     return found
 
 
+def _rollout_deadline(model: StackModel) -> int | None:
+    """The rollout Job's deadline in the template (its env), if it has the Job."""
+    name = env_names()["deadline"]
+    for resource in model.of_type(facts.MANIFEST):
+        for obj in facts.kube_objects(resource):
+            if obj.kind != "Job":
+                continue
+            for container in ((obj.body.get("spec") or {}).get("template") or {}).get("spec", {}).get("containers", []):
+                for env in container.get("env") or []:
+                    if env.get("name") == name and str(env.get("value", "")).isdigit():
+                        return int(env["value"])
+    return None
+
+
 def _ray_service_effect(
-    old: Mapping[str, Any], new: Mapping[str, Any], instance_types: Mapping[str, str] | None = None
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    instance_types: Mapping[str, str] | None = None,
+    deadline_s: int | None = None,
 ) -> list[str]:
     # The rollout's digest annotation moves with the cluster config; the cluster line says what it does.
     digest = f"metadata.annotations.{digest_annotation()}"
@@ -221,7 +238,7 @@ def _ray_service_effect(
     }
     lines = rollout.serve_lines(old, new) if "serveConfigV2" in changed else []
     if "rayClusterConfig" in changed:
-        lines.append(rollout.cluster_line(old, new, instance_types))
+        lines.append(rollout.cluster_line(old, new, instance_types, deadline_s))
     # Where the deploy rebuilds the cluster itself, what turns on or off with it does so then.
     rebuilt = rollout.rebuilt(old, new)
     keyed = [_checks_api_keys(side) for side in (old, new)]
@@ -304,7 +321,9 @@ def object_changes(old: StackModel, new: StackModel, rid: str) -> list[ObjectCha
                 )
         elif _canonical(olds[key].body) != _canonical(news[key].body):
             lines = (
-                _ray_service_effect(olds[key].body, news[key].body, _worker_instance_types(new, news[key].body))
+                _ray_service_effect(
+                    olds[key].body, news[key].body, _worker_instance_types(new, news[key].body), _rollout_deadline(new)
+                )
                 if news[key].kind == "RayService"
                 else [_object_effect(news[key])]
             )

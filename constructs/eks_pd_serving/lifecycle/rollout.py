@@ -124,10 +124,13 @@ def second_cluster_cost(ray_service: Mapping[str, Any], instance_types: Mapping[
 
 
 def cluster_line(
-    old: Mapping[str, Any], new: Mapping[str, Any], instance_types: Mapping[str, str] | None = None
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    instance_types: Mapping[str, str] | None = None,
+    deadline_s: int | None = None,
 ) -> str:
     """What a changed ``rayClusterConfig`` does under the new spec's strategy (``instance_types``:
-    each worker group's node type, for NewCluster's extra nodes)."""
+    each worker group's node type, for NewCluster's extra nodes; ``deadline_s``: the rollout Job's)."""
     strategy = ((new.get("spec") or {}).get("upgradeStrategy") or {}).get("type", "NewCluster")
     if strategy == "NewCluster":
         return (
@@ -142,9 +145,15 @@ def cluster_line(
                 "RayCluster config changed (worker replicas or bounds only): the rollout Job sets them in place, "
                 "no restart"
             )
+        waits = (
+            f" (at most {deadline_s // 60} minutes, the rollout Job's deadline from the model's size and the "
+            "image's; past it the deploy fails and the rollback rebuilds the cluster back)"
+            if deadline_s
+            else ""
+        )
         return (
             "RayCluster config changed under recreate: the deploy rebuilds the Ray cluster (the rollout Job deletes "
-            "the RayCluster, KubeRay builds one from the new spec, the deploy waits until it serves); "
+            f"the RayCluster, KubeRay builds one from the new spec, the deploy waits until it serves{waits}); "
             + REBUILD_DOWNTIME
         )
     return (

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from functools import cache
 from typing import Any
 
@@ -19,6 +20,38 @@ FILE_NAME = f"{MODULE}.py"
 MOUNT_PATH = "/opt/eks-pd/rollout"
 # In place, by the Job (KubeRay's hash leaves them out too: it never pushes them itself).
 _IN_PLACE = ("replicas", "minReplicas", "maxReplicas")
+
+# What a rebuilt cluster needs before it serves, for the Job's deadline. Estimates, labelled:
+# the engines' start was measured on the GPU rehearsal (about 250 s from deploy to RUNNING for two
+# tiny engines, first start, Triton compiling: docs/gpu-runs/2026-11-30); the rest is not measured.
+ENGINES_START_S = 300
+HEAD_START_S = 120  # the head pod, its GCS, KubeRay submitting the serve config (estimate)
+IMAGE_PULL_MIB_S = 100  # a node pulling the image from ECR when it lacks it (estimate)
+S3_READ_MIB_S = 200  # a worker reading the checkpoint through Ray's S3 mirror (estimate)
+UNKNOWN_MODEL_GIB = 100  # a model the catalogue does not size: as if 100 GiB
+# The deploy waits on the Job in steps that each fit the kubectl handler's Lambda (15 minutes):
+# a step is at most WAIT_S, and the Job marks a window of its deadline every WINDOW_S.
+WAIT_S = 14 * 60
+WINDOW_S = 12 * 60
+# The Job's pod may first pull the image (a system node other than the head's): Kubernetes' own
+# deadline for the Job (activeDeadlineSeconds) gives it this much beside the program's.
+POD_START_S = WAIT_S
+
+
+def deadline_s(checkpoint_bytes: int | None, image_gib: float) -> int:
+    """How long the Job waits for the rebuilt cluster to serve (whole minutes): the head's and the
+    engines' start, one pull of the compressed image (about half its ``image_gib`` on disk) where a
+    node lacks it, and each worker's read of the checkpoint (``None``: a model the catalogue does
+    not size)."""
+    mib = (checkpoint_bytes if checkpoint_bytes is not None else UNKNOWN_MODEL_GIB * 2**30) / 2**20
+    seconds = ENGINES_START_S + HEAD_START_S + image_gib / 2 * 1024 / IMAGE_PULL_MIB_S + mib / S3_READ_MIB_S
+    return math.ceil(seconds / 60) * 60
+
+
+def windows(deadline: int) -> int:
+    """How many windows of ``WINDOW_S`` the Job's deadline spans (the deploy's wait steps: one for
+    the Job's start, one for each window but the last, one for its success)."""
+    return max(1, math.ceil(deadline / WINDOW_S))
 
 
 def source() -> str:
@@ -40,6 +73,17 @@ def digest_annotation() -> str:
 
 def env_names() -> dict[str, str]:
     return dict(_constant("ENV"))
+
+
+def pod_job_label() -> str:
+    return str(_constant("POD_JOB_LABEL"))
+
+
+def wait_paths(deadline: int) -> list[str]:
+    """The deploy's wait steps on the Job, in order: each a kubectl JSONPath that has a value once
+    the step is passed (its start, each window but the last, its success)."""
+    marks = [str(_constant("STARTED"))] + [f"{_constant('WINDOW')}{k}" for k in range(1, windows(deadline))]
+    return [".metadata.annotations." + mark.replace(".", "\\.") for mark in marks] + [".status.succeeded"]
 
 
 def worker_bounds(ray_cluster_config: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -68,9 +112,13 @@ __all__ = [
     "MODULE",
     "MOUNT_PATH",
     "cluster_config_digest",
+    "deadline_s",
     "digest_annotation",
     "env_names",
+    "pod_job_label",
     "source",
     "source_digest",
+    "wait_paths",
+    "windows",
     "worker_bounds",
 ]

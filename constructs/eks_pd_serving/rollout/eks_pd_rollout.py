@@ -18,13 +18,17 @@ of worker bounds (``EKS_PD_ROLLOUT_BOUNDS``):
 - exits 0 at once when nothing is stale (a first deploy: no cluster, or one built from this spec).
 
 It fails (exit 1) with one line naming what did not come up when ``EKS_PD_ROLLOUT_DEADLINE_S``
-passes; the line is also the pod's termination message. Standard library only (the Ray image's
+passes; the line is also the pod's termination message. The deploy waits on it in steps that each
+fit the kubectl handler's Lambda (15 minutes): so it marks its own Job, by annotation, when it
+starts (``STARTED``) and as each ``EKS_PD_ROLLOUT_WINDOW_S`` of its deadline passes (``WINDOW``
+and the window's number), and at success every window at once. Standard library only (the Ray image's
 Python), the pod's service account token for the Kubernetes API.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import ssl
 import sys
@@ -43,7 +47,16 @@ ENV = {
     "deadline": "EKS_PD_ROLLOUT_DEADLINE_S",
     # JSON: each worker group's replicas and bounds, by group name.
     "bounds": "EKS_PD_ROLLOUT_BOUNDS",
+    "window": "EKS_PD_ROLLOUT_WINDOW_S",
+    # Its own Job's name (the Downward API, from the Job controller's label on its pods).
+    "job": "EKS_PD_ROLLOUT_JOB",
 }
+# The Job controller's label on a Job's pods naming the Job (Kubernetes 1.27+): the pod's env reads
+# its Job's name from it.
+POD_JOB_LABEL = "batch.kubernetes.io/job-name"
+# The annotations on its own Job that the deploy's waits read.
+STARTED = "eks-pd.io/rollout-started"
+WINDOW = "eks-pd.io/rollout-window-"
 NOTHING_LINE = "rollout: nothing to rebuild"
 DELETED_LINE = "rollout: deleted RayCluster"
 SERVING_LINE = "rollout: serving from RayCluster"
@@ -116,11 +129,27 @@ def converge(
     digest: str,
     deadline_s: float,
     bounds: dict[str, dict[str, Any]] | None = None,
+    window_s: float | None = None,
+    job: str = "",
     poll_s: float = 10.0,
 ) -> int:
     base = f"/apis/ray.io/v1/namespaces/{namespace}"
     selector = urllib.parse.quote(f"{ORIGIN_LABEL}={name}", safe="")
     bounds = bounds or {}
+    window_s = window_s or deadline_s
+    windows = max(1, math.ceil(deadline_s / window_s))
+
+    def mark(annotations: dict[str, str]) -> None:
+        if job and annotations:
+            api.call("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
+                     {"metadata": {"annotations": annotations}}, "application/merge-patch+json")  # fmt: skip
+
+    def done() -> None:
+        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+
+    mark({STARTED: "true"})
+    started = time.monotonic()
+    marked = 0
 
     def clusters() -> list[dict[str, Any]]:
         return list(api.call("GET", f"{base}/rayclusters?labelSelector={selector}").get("items") or [])
@@ -145,6 +174,7 @@ def converge(
             stale = [c for c in found if digest_of(c) != digest]
             if not stale and not deleted:
                 set_bounds(found)
+                done()
                 print(f"{NOTHING_LINE}: every RayCluster of {name} has config {digest}", flush=True)
                 return 0
             for cluster in stale:
@@ -160,10 +190,15 @@ def converge(
             ok, why = serving(service, found, digest)
             if ok:
                 set_bounds([c for c in found if digest_of(c) == digest])
+                done()
                 print(f"{SERVING_LINE} {why} with config {digest}", flush=True)
                 return 0
         if time.monotonic() >= end:
             break
+        passed = min(windows - 1, int((time.monotonic() - started) // window_s))
+        if passed > marked:
+            mark({f"{WINDOW}{k}": "passed" for k in range(marked + 1, passed + 1)})
+            marked = passed
         print(f"rollout: waiting: {why}", flush=True)
         time.sleep(poll_s)
     line = f"{FAILED_LINE}: {name} did not serve on config {digest} within {deadline_s:.0f} s: {why}"
@@ -179,7 +214,8 @@ def converge(
 def main() -> int:
     values = {key: os.environ[name] for key, name in ENV.items()}
     return converge(Api(), values["namespace"], values["service"], values["digest"], float(values["deadline"]),
-                    bounds=json.loads(values["bounds"]))  # fmt: skip
+                    bounds=json.loads(values["bounds"]), window_s=float(values["window"]),
+                    job=values["job"])  # fmt: skip
 
 
 if __name__ == "__main__":
