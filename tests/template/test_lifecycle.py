@@ -84,7 +84,7 @@ def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 16 and len(rules.UPDATE_RULES) == 4
+    assert len(rules.TEMPLATE_RULES) == 17 and len(rules.UPDATE_RULES) == 4
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -502,3 +502,12 @@ def test_a_block_end_function_whose_failures_vanish_is_found_on_the_template_bef
         "no dead-letter queue for an invocation Scheduler cannot make",
         "no on-failure destination: a failed scale-down is dropped",
     ]
+
+
+def test_a_capacity_check_that_would_refuse_a_rollback_is_found_on_the_template_before_the_fix(
+    variants: dict[str, StackModel],
+) -> None:
+    rule = "checks_never_refuse_a_rollback"
+    assert _found(variants["default"], rule) == [] and _found(variants["capacity_block"], rule) == []
+    (finding,) = _found(before("autoscaling", BEFORE_ROLLOUT), rule)
+    assert finding.missing == "its function cannot read the stack's status: a rollback is refused"

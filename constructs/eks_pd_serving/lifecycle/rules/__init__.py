@@ -31,6 +31,7 @@ from .placement import no_unmovable_pods_on_autoscaled_nodes, rendered_agents, w
 from .reservations import (
     block_end_failures_are_kept_and_alarmed,
     capacity_blocks_scale_to_zero_before_their_end,
+    checks_never_refuse_a_rollback,
     reserved_groups_roll_without_a_surge,
 )
 from .updates import (
@@ -71,6 +72,7 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         capacity_blocks_scale_to_zero_before_their_end,
         reserved_groups_roll_without_a_surge,
         block_end_failures_are_kept_and_alarmed,
+        checks_never_refuse_a_rollback,
         waited_jobs_are_pruned,
     )
 }
@@ -94,6 +96,7 @@ __all__ = [
     "block_end_failures_are_kept_and_alarmed",
     "capacity_blocks_scale_to_zero_before_their_end",
     "check",
+    "checks_never_refuse_a_rollback",
     "finalized_objects_outlive_no_controller",
     "head_cpu_m",
     "kubectl_resources_outlive_api_route",

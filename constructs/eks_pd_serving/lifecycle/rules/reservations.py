@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import facts
 from ..graph import StackModel, references
 from .finding import Finding
 
 NODEGROUP = "AWS::EKS::Nodegroup"
 SCHEDULE = "AWS::Scheduler::Schedule"
 CAPACITY_CHECK = "Custom::GpuCapacityCheck"
+CAPACITY_CHECK_HANDLER = "handler.on_event"
 BLOCK_END_HANDLER = "block_end.on_schedule"
 
 
@@ -50,6 +52,42 @@ def capacity_blocks_scale_to_zero_before_their_end(model: StackModel) -> list[Fi
                 if not getatt or getatt[0] not in functions:
                     found.append(Finding(rule, schedule.id, "its target is not the Capacity Block end function"))
     return found
+
+
+def checks_never_refuse_a_rollback(model: StackModel) -> list[Finding]:
+    """The deploy-time capacity check runs on a rollback too (CloudFormation's Update with the old
+    properties) and must not fail it: its function reads its stack's status, so its role may call
+    ``cloudformation:DescribeStacks`` on ``AWS::StackId``."""
+    rule = "checks_never_refuse_a_rollback"
+    found = []
+    for check in model.of_type(CAPACITY_CHECK):
+        functions = [
+            model.resources[f]
+            for f in facts.provider_functions(model, check)
+            if model.resources[f].properties.get("Handler") == CAPACITY_CHECK_HANDLER
+        ]
+        readable = any(_allows(model, f, "cloudformation:DescribeStacks", {"Ref": "AWS::StackId"}) for f in functions)
+        if not readable:
+            found.append(Finding(rule, check.id, "its function cannot read the stack's status: a rollback is refused"))
+    return found
+
+
+def _allows(model: StackModel, function: Any, action: str, resource: Any) -> bool:
+    """Whether a policy on ``function``'s role allows ``action`` on ``resource`` (as the template
+    writes it)."""
+    role = function.properties.get("Role")
+    role_id = role["Fn::GetAtt"][0] if isinstance(role, dict) and "Fn::GetAtt" in role else None
+    for policy in model.of_type("AWS::IAM::Policy"):
+        if {"Ref": role_id} not in (policy.properties.get("Roles") or []):
+            continue
+        for statement in (policy.properties.get("PolicyDocument") or {}).get("Statement") or []:
+            actions = statement.get("Action")
+            resources = statement.get("Resource")
+            actions = actions if isinstance(actions, list) else [actions]
+            resources = resources if isinstance(resources, list) else [resources]
+            if statement.get("Effect") == "Allow" and action in actions and resource in resources:
+                return True
+    return False
 
 
 def reserved_groups_roll_without_a_surge(model: StackModel) -> list[Finding]:
