@@ -111,11 +111,13 @@ class CapacityBlockEnd(Construct):
             ),
         )
         self.function.grant_invoke(self.invoker)
-        # Failed events, kept 14 days (SQS's longest) for a look and a redrive.
+        # Failed events, kept 14 days (SQS's longest) for a look and a redrive. Encrypted with SQS's
+        # AWS managed KMS key: the senders are IAM roles of this account (the function's, the
+        # Scheduler role), which that key's policy admits; no key of the stack to manage.
         self.failed = sqs.Queue(
             self,
             "FailedEvents",
-            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            encryption=sqs.QueueEncryption.KMS_MANAGED,
             enforce_ssl=True,
             retention_period=Duration.days(14),
         )
