@@ -440,7 +440,9 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
             e["at"] for e in events if e["type"] == "kv_link" and e["event"] == "cut" and fault["at"] <= e["at"] < until
         ]
         at = cut[0] if cut else fault["at"]
-        window = [o for o in outcomes if o.ended >= at and o.started < until]
+        # Its requests: those that ended from the fault on, before the next fault (a request still
+        # in flight at the next one is that fault's: it is cut, or held, by that one).
+        window = [o for o in outcomes if o.ended >= at and o.started < until and o.ended <= until]
         serving = _serving_again(window, at)
         recovered_s = serving - at if serving is not None and serving - at <= bound_s + 5 else None
         affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]

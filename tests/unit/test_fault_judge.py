@@ -52,6 +52,23 @@ def test_a_cut_stream_is_a_failure_and_recovery_is_the_second_request_after_the_
     assert (result["completed"], result["wrong_answers"], result["ended_by_fault"]) == (3, 0, False)
 
 
+def test_a_request_in_flight_at_the_next_fault_is_that_faults_not_this_ones() -> None:
+    """Seen on the CPU (2026-12-05): a stream started during the KV cut's hold was cut 0.8 s after
+    the runbook's decode replacement, the next fault; it was counted as the KV cut's failure, and
+    the KV cut as never served again."""
+    found = events(
+        outcome(11.0, 12.0),
+        outcome(12.0, 13.0),
+        outcome(40.0, 50.8, text="the", finish_reason=None, done=False),  # cut by the next fault at 50
+        outcome(50.5, 52.0),
+        outcome(52.0, 53.0),
+    )
+    found.append({"type": "fault", "name": "g", "at": 50.0, "killed": [2], "hold_s": 0.0})
+    first, second = judge(found, bound_s=240)
+    assert first["requests_failed"] == 0 and first["recovered_s"] is not None
+    assert second["requests_failed"] == 1 and second["in_flight_at_fault"] == 1
+
+
 def test_an_error_status_and_a_wrong_answer_are_counted() -> None:
     (result,) = judge(
         events(
