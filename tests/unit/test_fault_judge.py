@@ -69,6 +69,19 @@ def test_a_request_in_flight_at_the_next_fault_is_that_faults_not_this_ones() ->
     assert second["requests_failed"] == 1 and second["in_flight_at_fault"] == 1
 
 
+def test_a_text_the_control_gave_under_load_is_right_and_any_other_still_wrong() -> None:
+    """Greedy decoding is not batch-invariant: on the GPU (2026-12-05) one engine serving two
+    clients gave late-diverging texts that neither reference had. With ``--control-load-s`` the
+    control's own texts under that load count as right; a text it never gave stays wrong."""
+    late = "the answeR"
+    found = events(outcome(11.0, 12.0, text=late), outcome(12.0, 13.0, text="garbage"), outcome(13.0, 14.0))
+    (result,) = judge(found, bound_s=240)
+    assert result["wrong_answers"] == 2
+    found[0]["control_under_load"] = {"p": [RIGHT, late]}
+    (result,) = judge(found, bound_s=240)
+    assert result["wrong_answers"] == 1  # "garbage" is no text the control ever gave
+
+
 def test_an_error_status_and_a_wrong_answer_are_counted() -> None:
     (result,) = judge(
         events(
