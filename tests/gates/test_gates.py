@@ -50,7 +50,7 @@ def p5_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def block_template_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A decode group on a Capacity Block: its end's function, schedules, failed-events queue, alarms."""
-    block = {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
+    block: dict[str, Any] = {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
              "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a",
              "alarm_email": "ops@example.com"}  # fmt: skip
     return synth_assembly(tmp_path_factory.mktemp("cdk.out"), **block)
