@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -16,9 +14,10 @@ from . import rollout
 from ._private.manifests import adopting_manifest
 from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec
 from .k8s.ray_service import ray_service_spec
-from .k8s.rollout import job_spec
+from .k8s.rollout import job_spec, spec_digest
 
-# The deadline of a model the caller does not size (``rollout.deadline_s`` derives one).
+# The Job's deadline when the caller gives none (the fixed one it had before ``rollout.deadline_s``;
+# ``PdServing`` always passes the derived one).
 ROLLOUT_DEADLINE_S = 11 * 60
 
 
@@ -65,8 +64,7 @@ class RayServiceManifest(Construct):
                 props, rollout.cluster_config_digest(resolved), rollout.worker_bounds(resolved), rollout_deadline_s
             )
             # The Job's name carries a digest of its whole spec as the template holds it.
-            job = json.dumps(Stack.of(self).resolve(job_spec(spec)), sort_keys=True)
-            self.rollout = replace(spec, template_digest=hashlib.sha256(job.encode()).hexdigest())
+            self.rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
             annotations = {rollout.digest_annotation(): self.rollout.digest}
         self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)

@@ -48,7 +48,7 @@ class RolloutSpec:
 
     @property
     def job_name(self) -> str:
-        spec = self.template_digest or hashlib.sha256(json.dumps(job_spec(self), sort_keys=True).encode()).hexdigest()
+        spec = self.template_digest or spec_digest(job_spec(self))
         return f"{self.ray_service}-rollout-{self.digest[:10]}-{spec[:6]}"
 
     @property
@@ -110,6 +110,12 @@ class RolloutChart(cdk8s.Chart):
             metadata=cdk8s.ApiObjectMetadata(name=spec.job_name, namespace=namespace),
         )  # fmt: skip
         job.add_json_patch(cdk8s.JsonPatch.add("/spec", job_spec(spec)))
+
+
+def spec_digest(spec: Any) -> str:
+    """The digest a Job's name carries: of its spec's JSON (resolved to the template's form first
+    where it holds tokens)."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()
 
 
 def job_spec(spec: RolloutSpec) -> dict[str, Any]:
