@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import gzip
 import json
 import logging
 import os
@@ -52,7 +53,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,11 @@ from .probes import Endpoint, counted_since, engine_counters_by_replica, paths_s
 from .processes import MARKER, marked_processes
 
 MAX_TOKENS = 24
+# Each token's top two logprobs come with every answer: where a text leaves a reference, each one's
+# token there must be in the other's top two (vLLM's own test of two runs of one model,
+# tests/models/utils.py check_logprobs_close, with its N at two): a near tie that the batch's
+# numerics flipped, not an answer from other KV.
+TOP_LOGPROBS = 2
 STREAMS = 2  # concurrent clients, by default
 # Between the GCS's death and its new start: a head container's restart is longer (seconds to
 # start, then the GCS loads the store); what matters here is that the cluster waits for it.
@@ -108,6 +114,9 @@ class Outcome:
     text: str
     finish_reason: str | None = None  # None: the stream ended before its last chunk
     done: bool = False  # the stream's closing ``data: [DONE]`` arrived
+    # Each generated token and its top ``TOP_LOGPROBS``: [token, {token: logprob}], each token
+    # "token_id:<id>".
+    tokens: list[list[Any]] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -135,8 +144,12 @@ def _stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
         "stream": True,
+        "logprobs": True,
+        "top_logprobs": TOP_LOGPROBS,
+        "return_tokens_as_token_ids": True,  # "token_id:<id>": byte tokens share one text
     }
     started, pieces, status, error = time.time(), [], None, None
+    tokens: list[list[Any]] = []
     finish, done = None, False
     try:
         with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -157,11 +170,24 @@ def _stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
                     choices = chunk.get("choices") or []
                     if choices and choices[0]["delta"].get("content"):
                         pieces.append(choices[0]["delta"]["content"])
+                    for item in (choices and (choices[0].get("logprobs") or {}).get("content")) or []:
+                        top = {t["token"]: t["logprob"] for t in item.get("top_logprobs") or []}
+                        tokens.append([item["token"], top])
                     if choices and choices[0].get("finish_reason"):
                         finish = choices[0]["finish_reason"]
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         error = f"{type(exc).__name__}: {exc}"[:300]
-    return Outcome(prompt, started, time.time(), status, error, "".join(pieces), finish, done)
+    return Outcome(prompt, started, time.time(), status, error, "".join(pieces), finish, done, tokens)
+
+
+def near_tie(answer: list[list[Any]], reference: list[list[Any]]) -> float | None:
+    """Where ``answer`` first leaves ``reference`` token by token: the logprob gap between its
+    token and the reference's there, when each is in the other's top ``TOP_LOGPROBS``; None when
+    they are not (or one has no logprobs, or they never differ)."""
+    for (mine, my_top), (theirs, their_top) in zip(answer, reference, strict=False):
+        if mine != theirs:
+            return float(my_top[mine] - my_top[theirs]) if mine in their_top and theirs in my_top else None
+    return None
 
 
 class Events:
@@ -425,14 +451,17 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
     An answer has two right forms: the colocated control's (the prompt computed where it is
     decoded, as decode does when it recomputes a failed pull) and the PD app's own before any
     fault (the KV computed by prefill and moved). Greedy, each is one text a prompt; the two
-    can differ in the last tokens (prefill's and decode's numerics on random weights), so an
-    answer is wrong when it is neither."""
+    can differ in the last tokens (prefill's and decode's numerics on random weights). Greedy
+    decoding is not batch-invariant either, so an answer that leaves every right text is still
+    right where it leaves one of them at a near tie (``near_tie``); it is wrong when it is neither."""
     answers = next(e for e in events if e["type"] == "expected")
     control, pd = answers["control"], answers["pd"]
     # Each prompt's right texts: the control's and the PD app's, and (``--control-load-s``) every
-    # text the colocated control gave under the clients' load with no fault (greedy decoding is not
-    # batch-invariant: on random weights a near tie can flip a late token with the batch).
+    # text the colocated control gave under the clients' load with no fault (on random weights a
+    # near tie can flip a late token with the batch: GPU, 2026-12-05).
     right = {p: {control[p], pd[p], *(answers.get("control_under_load") or {}).get(p, [])} for p in pd}
+    # The right texts' tokens and top logprobs (runs from the logprobs on; older events have none).
+    references = answers.get("reference_tokens") or {}
     fields = set(Outcome.__dataclass_fields__)
     outcomes = [Outcome(**{k: v for k, v in e.items() if k in fields}) for e in events if e["type"] == "outcome"]
     faults = [e for e in events if e["type"] == "fault"]
@@ -451,6 +480,10 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
         recovered_s = serving - at if serving is not None and serving - at <= bound_s + 5 else None
         affected = [o for o in window if o.started <= at + (recovered_s or bound_s) + fault["hold_s"]]
         completed = [o for o in window if o.complete]
+        # The answers that are no right text: the gap at the near tie where each left one, or None.
+        other = [o for o in completed if o.text not in right[o.prompt]]
+        gaps = [min((g for r in references.get(o.prompt, []) if (g := near_tie(o.tokens, r)) is not None), default=None)
+                for o in other]  # fmt: skip
         restarted = next((e["at"] for e in events if e["type"] == "gcs_restarted" and at <= e["at"] < until), None)
         down = [o for o in window if restarted is not None and at < o.started <= restarted]
         results.append(
@@ -480,7 +513,10 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 "in_flight_at_fault": sum(o.started <= at for o in window),
                 "longest_failed_s": max((o.ended - o.started for o in affected if not o.complete), default=None),
                 "completed": len(completed),
-                "wrong_answers": sum(o.text not in right[o.prompt] for o in completed),
+                "wrong_answers": sum(g is None for g in gaps),
+                "near_tie_answers": sum(g is not None for g in gaps),
+                "near_tie_gap_max": max((round(g, 4) for g in gaps if g is not None), default=None),
+                "answers_without_logprobs": sum(not o.tokens for o in completed),
                 "answered_as_control": sum(o.text == control[o.prompt] != pd[o.prompt] for o in completed),
                 "ended_by_fault": not any(e["type"] == "fault_end" and e["name"] == fault["name"] for e in events),
                 # A GCS restarted from its store: how long it was down, the answers finished while it
@@ -682,31 +718,33 @@ def _child(args: argparse.Namespace) -> int:
         return _under_load(args, events, rehearsed, endpoint, http_port, run_id, store)
 
 
-def _texts_under_load(endpoint: Endpoint, streams: int, seconds: float) -> dict[str, list[str]]:
-    """Every complete text each prompt got from ``streams`` clients over ``seconds``, no fault."""
+def _texts_under_load(endpoint: Endpoint, streams: int, seconds: float) -> dict[str, list[Outcome]]:
+    """Every complete text each prompt got from ``streams`` clients over ``seconds``, no fault: the
+    first answer of each text, by text."""
     with Load(endpoint, Events(Path(os.devnull)), streams) as load:
         time.sleep(seconds)
-    found: dict[str, set[str]] = {}
+    found: dict[str, dict[str, Outcome]] = {}
     for outcome in load.since(0.0):
         if outcome.complete:
-            found.setdefault(outcome.prompt, set()).add(outcome.text)
-    return {prompt: sorted(texts) for prompt, texts in found.items()}
+            found.setdefault(outcome.prompt, {}).setdefault(outcome.text, outcome)
+    return {prompt: [texts[t] for t in sorted(texts)] for prompt, texts in found.items()}
 
 
-def _answers(endpoint: Endpoint, what: str) -> dict[str, str]:
+def _answers(endpoint: Endpoint, what: str) -> dict[str, Outcome]:
     """Each prompt's greedy answer, one request at a time."""
     with httpx.Client(base_url=endpoint.base_url, timeout=120) as client:
         answers = {p: _stream(client, endpoint, p) for p in PROMPTS}
     if not all(a.complete for a in answers.values()):
         raise RuntimeError(f"{what} did not answer every prompt before any fault")
-    return {p: a.text for p, a in answers.items()}
+    return answers
 
 
 def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, Any], endpoint: Endpoint,
                 http_port: int, run_id: str, store: Store | None) -> int:  # fmt: skip
     """The colocated control's answers (the reference), then the PD app's before any fault, then
     the faults in order under the clients' load."""
-    reference, under_load = None, None
+    reference: dict[str, Outcome] = {}
+    under_load: dict[str, list[Outcome]] | None = None
     if not args.no_control:
         control = profile.colocated_control(rehearsed, placement=None if args.gpu else profile.LOCAL_PLACEMENT)
         deploy(build(control), http_port, args.timeout_s)
@@ -726,7 +764,11 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
     own = _answers(endpoint, "the PD app")
     # Without the control, the PD app's own answers are the only right ones (a guarded decode
     # never recomputes: it refuses).
-    events.write({"type": "expected", "control": reference or own, "pd": own, "control_under_load": under_load,
+    right = {p: [own[p], *([reference[p]] if reference else []), *(under_load or {}).get(p, [])] for p in PROMPTS}
+    events.write({"type": "expected", "control": {p: (reference or own)[p].text for p in PROMPTS},
+                  "pd": {p: own[p].text for p in PROMPTS},
+                  "control_under_load": under_load and {p: [o.text for o in os] for p, os in under_load.items()},
+                  "reference_tokens": {p: [o.tokens for o in outcomes if o.tokens] for p, outcomes in right.items()},
                   "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail"),
                   "failover": app["args"].get(failover.args_key())})  # fmt: skip
     with Load(endpoint, events, args.streams) as load:
@@ -823,6 +865,16 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="also serve the colocated control under the clients' load this long; its texts count as right (0: off)",
     )
+    parser.add_argument(
+        "--judge-events",
+        type=Path,
+        help="run nothing: judge a run's recorded events (.events.jsonl, or .gz) into --report",
+    )
+    parser.add_argument(
+        "--references-from",
+        type=Path,
+        help="with --judge-events: the right answers (control, under load, tokens) of this other run's events",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--events", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--kv-chain", help=argparse.SUPPRESS)
@@ -832,6 +884,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return _child(args)
     args.report.parent.mkdir(parents=True, exist_ok=True)
+    if args.judge_events:
+        return _judge_recorded(args)
     events_file = args.report.with_suffix(".events.jsonl")
     events_file.unlink(missing_ok=True)
     run_id = os.environ.get(MARKER) or f"faults-{os.getpid()}"
@@ -888,6 +942,44 @@ def main(argv: list[str] | None = None) -> int:
     ok = holds(report)
     log(f"{'PASS' if ok else 'FAIL'}: faults rehearsed; report in {args.report}")
     return 0 if ok else 1
+
+
+def _read_events(path: Path, setting: str) -> list[dict[str, Any]]:
+    """A run's events; a file that is missing, unreadable or holds no answers to judge by is one
+    line naming the setting."""
+    try:
+        with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as lines:
+            events = [json.loads(line) for line in lines if line.strip()]
+    except (OSError, ValueError) as exc:
+        raise ValueError(
+            f"{setting} {path}: cannot read it ({type(exc).__name__}); name a run's .events.jsonl(.gz)"
+        ) from None
+    if not any(e.get("type") == "expected" for e in events):
+        raise ValueError(f"{setting} {path}: no answers recorded (the run ended before its first fault)")
+    return events
+
+
+def _judge_recorded(args: argparse.Namespace) -> int:
+    """Judge recorded events again, optionally by another run's right answers (the same checkpoint
+    and stack): a run made without the control, judged by one made with it."""
+    try:
+        events = _read_events(args.judge_events, "--judge-events")
+        if args.references_from:
+            theirs = next(e for e in _read_events(args.references_from, "--references-from") if e["type"] == "expected")
+            keys = ("control", "control_under_load", "reference_tokens")
+            events = [{**e, **{k: theirs.get(k) for k in keys}} if e["type"] == "expected" else e for e in events]
+    except ValueError as exc:
+        log(f"FAIL: {exc}")
+        return 2
+    faults = judge(events, args.recovery_bound_s)
+    references = args.references_from and str(args.references_from)
+    report = {"judged_from": str(args.judge_events), "references_from": references,
+              "recovery_bound_s": args.recovery_bound_s, "faults": faults}  # fmt: skip
+    args.report.write_text(json.dumps(report, indent=2))
+    for fault in faults:
+        log(f"{fault['fault']}: {fault['requests_failed']} of {fault['requests_affected']} failed; "
+            f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong")  # fmt: skip
+    return 0 if all(f["wrong_answers"] == 0 for f in faults) else 1
 
 
 def holds(report: dict[str, Any]) -> bool:

@@ -4,13 +4,17 @@ themselves run in `make rehearse-faults` (docs/features/failures.md has a run's 
 
 from __future__ import annotations
 
+import gzip
+import json
 import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from rehearsal.faults import REPLACED, Outcome, holds, judge
+import pytest
+
+from rehearsal.faults import REPLACED, Outcome, holds, judge, main, near_tie
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,6 +84,46 @@ def test_a_text_the_control_gave_under_load_is_right_and_any_other_still_wrong()
     found[0]["control_under_load"] = {"p": [RIGHT, late]}
     (result,) = judge(found, bound_s=240)
     assert result["wrong_answers"] == 1  # "garbage" is no text the control ever gave
+
+
+def tokens(*chosen: tuple[int, dict[int, float]]) -> list[list[Any]]:
+    """An answer's tokens as a stream gives them: each chosen token and its top two logprobs."""
+    return [[f"token_id:{t}", {f"token_id:{k}": lp for k, lp in top.items()}] for t, top in chosen]
+
+
+# The reference (the PD app's own answer) and its tokens: at the third token, 7 leads 9 by 0.001.
+REFERENCE = tokens((1, {1: -0.1, 2: -3.0}), (5, {5: -0.2, 6: -2.5}), (7, {7: -1.000, 9: -1.001}))
+
+
+def test_an_answer_that_leaves_every_right_text_at_a_near_tie_is_right_and_at_any_other_token_wrong() -> None:
+    """GPU, 2026-12-05: one late text (35 of 40 characters the PD app's) that the control never gave
+    under load. Whether such a text is right is decided where it leaves a right one: each text's
+    token there must be in the other's top two (vLLM's check_logprobs_close with N = 2)."""
+    flipped = tokens((1, {1: -0.1, 2: -3.0}), (5, {5: -0.2, 6: -2.5}), (9, {9: -1.0005, 7: -1.0007}))
+    other_kv = tokens((1, {1: -0.1, 2: -3.0}), (5, {5: -0.2, 6: -2.5}), (4, {4: -0.5, 8: -2.0}))
+    found = events(
+        outcome(11.0, 12.0, text="the answeR", tokens=flipped),
+        outcome(12.0, 13.0, text="the answer, not", tokens=other_kv),  # 7 is not in its top two
+        outcome(13.0, 14.0, text="the answeR"),  # no logprobs: nothing shows a near tie
+        outcome(14.0, 15.0, tokens=REFERENCE),
+    )
+    found[0]["reference_tokens"] = {"p": [REFERENCE]}
+    (result,) = judge(found, bound_s=240)
+    assert (result["wrong_answers"], result["near_tie_answers"], result["near_tie_gap_max"]) == (2, 1, 0.0002)
+    assert result["answers_without_logprobs"] == 1
+    # Events from before the logprobs (no reference tokens): every such text is wrong, as it was.
+    del found[0]["reference_tokens"]
+    (result,) = judge(found, bound_s=240)
+    assert (result["wrong_answers"], result["near_tie_answers"]) == (3, 0)
+
+
+def test_a_near_tie_is_only_where_the_texts_first_part_and_each_token_is_in_the_others_top_two() -> None:
+    assert near_tie(REFERENCE, REFERENCE) is None  # never differ
+    assert near_tie(REFERENCE[:2], REFERENCE) is None  # a prefix: shorter, not a near tie
+    later = tokens((1, {1: -0.1, 2: -3.0}), (6, {6: -0.3, 5: -0.31}), (9, {9: -1.0, 7: -1.1}))
+    assert near_tie(later, REFERENCE) == pytest.approx(0.01)  # the first divergence decides, not the later ones
+    one_way = tokens((1, {1: -0.1, 2: -3.0}), (6, {6: -0.3, 5: -0.31}))
+    assert near_tie(one_way, tokens((1, {1: -0.1, 2: -3.0}), (5, {5: -0.2, 8: -0.25}))) is None
 
 
 def test_an_error_status_and_a_wrong_answer_are_counted() -> None:
@@ -299,3 +343,38 @@ def test_the_update_fault_is_two_redeploys_each_bounded_and_the_slowest_request_
     assert not holds({**report, "faults": [both[0], {**both[1], "recovered_s": None}]})
     (result,) = judge(events(outcome(9.0, 10.5), outcome(10.6, 80.6), outcome(80.7, 81.0), outcome(81.0, 81.5)), 240)
     assert result["requests_failed"] == 0 and round(result["slowest_s"], 1) == 70.0
+
+
+def test_recorded_events_are_judged_again_by_another_runs_right_answers(tmp_path: Path) -> None:
+    """``--judge-events`` runs nothing: a run made without the control (its own PD answers the only
+    right ones) is judged by the right answers a control run recorded on the same stack."""
+    without = events(outcome(11.0, 12.0, text=LOCAL), outcome(12.0, 13.0, text="the answeR", tokens=[]))
+    control = events(control=LOCAL)
+    control[0]["control_under_load"] = {"p": [LOCAL, "the answeR"]}
+    recorded, references = tmp_path / "run.events.jsonl.gz", tmp_path / "control.events.jsonl"
+    with gzip.open(recorded, "wt") as out:
+        out.writelines(json.dumps(e) + "\n" for e in without)
+    references.write_text("".join(json.dumps(e) + "\n" for e in control))
+    report = tmp_path / "judged.json"
+    assert main(["--judge-events", str(recorded), "--report", str(report)]) == 1
+    assert json.loads(report.read_text())["faults"][0]["wrong_answers"] == 2
+    judged = ["--judge-events", str(recorded), "--references-from", str(references), "--report", str(report)]
+    assert main(judged) == 0
+    (fault,) = json.loads(report.read_text())["faults"]
+    assert (fault["completed"], fault["wrong_answers"], fault["answered_as_control"]) == (2, 0, 1)
+
+
+def test_judging_a_file_that_is_no_runs_events_is_one_line_and_writes_nothing(tmp_path: Path, capsys: Any) -> None:
+    report = tmp_path / "judged.json"
+    for path, why in (
+        (tmp_path / "missing.jsonl", "cannot read it (FileNotFoundError)"),
+        (tmp_path / "faults.json", "cannot read it (JSONDecodeError)"),
+        (tmp_path / "early.events.jsonl", "no answers recorded (the run ended before its first fault)"),
+    ):
+        if path.name == "faults.json":
+            path.write_text(json.dumps({"faults": []}, indent=2))
+        if path.name.startswith("early"):
+            path.write_text(json.dumps({"type": "gcs_store", "on": False}) + "\n")
+        assert main(["--judge-events", str(path), "--report", str(report)]) == 2
+        (line,) = capsys.readouterr().out.strip().splitlines()
+        assert line.startswith(f"FAIL: --judge-events {path}: {why}") and not report.exists()
