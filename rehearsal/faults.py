@@ -20,7 +20,9 @@ injected:
 For each: how many requests failed and how (HTTP status, error text), how long until a request
 started after the fault succeeded again, and whether any completed answer is wrong: neither the
 colocated control's nor the PD app's own before any fault (both recorded first; greedy, so each
-is one text a prompt). Bounded: each fault waits at most ``--recovery-bound-s``; everything
+is one text a prompt), nor a text the control gave under the clients' load (``--control-load-s``),
+nor one that leaves a right text at a near tie (each answer carries its tokens' top two logprobs:
+greedy decoding is not batch-invariant). Bounded: each fault waits at most ``--recovery-bound-s``; everything
 started is stopped at the end, and the packet filter's chain is removed.
 
 Without GCS fault tolerance a dead GCS takes the raylet down, and the raylet takes every Ray
@@ -30,6 +32,7 @@ they happen; this process judges from that file once the child has ended, howeve
 
     .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
     python -m rehearsal.faults --gpu --faults kv   # NVIDIA GPUs, the image's stack on PYTHONPATH
+    python -m rehearsal.faults --judge-events RUN.events.jsonl.gz [--references-from CONTROL.events.jsonl.gz]
 """
 
 from __future__ import annotations
