@@ -22,8 +22,8 @@ started after the fault succeeded again, and whether any completed answer is wro
 colocated control's nor the PD app's own before any fault (both recorded first; greedy, so each
 is one text a prompt), nor a text the control gave under the clients' load (``--control-load-s``),
 nor one that leaves a right text at a near tie (each answer carries its tokens' top two logprobs:
-greedy decoding is not batch-invariant). Bounded: each fault waits at most ``--recovery-bound-s``; everything
-started is stopped at the end, and the packet filter's chain is removed.
+greedy decoding is not batch-invariant). Bounded: each fault waits at most ``--recovery-bound-s``;
+everything started is stopped at the end, and the packet filter's chain is removed.
 
 Without GCS fault tolerance a dead GCS takes the raylet down, and the raylet takes every Ray
 process with it, the driver included (so that fault goes last). So the Ray side runs in a child
@@ -886,9 +886,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.child:
         return _child(args)
-    args.report.parent.mkdir(parents=True, exist_ok=True)
     if args.judge_events:
         return _judge_recorded(args)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
     events_file = args.report.with_suffix(".events.jsonl")
     events_file.unlink(missing_ok=True)
     run_id = os.environ.get(MARKER) or f"faults-{os.getpid()}"
@@ -975,6 +975,7 @@ def _judge_recorded(args: argparse.Namespace) -> int:
         log(f"FAIL: {exc}")
         return 2
     faults = judge(events, args.recovery_bound_s)
+    args.report.parent.mkdir(parents=True, exist_ok=True)
     references = args.references_from and str(args.references_from)
     report = {"judged_from": str(args.judge_events), "references_from": references,
               "recovery_bound_s": args.recovery_bound_s, "faults": faults}  # fmt: skip

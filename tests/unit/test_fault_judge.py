@@ -365,7 +365,7 @@ def test_recorded_events_are_judged_again_by_another_runs_right_answers(tmp_path
 
 
 def test_judging_a_file_that_is_no_runs_events_is_one_line_and_writes_nothing(tmp_path: Path, capsys: Any) -> None:
-    report = tmp_path / "judged.json"
+    report = tmp_path / "judged" / "faults.json"
     for path, why in (
         (tmp_path / "missing.jsonl", "cannot read it (FileNotFoundError)"),
         (tmp_path / "faults.json", "cannot read it (JSONDecodeError)"),
@@ -377,4 +377,4 @@ def test_judging_a_file_that_is_no_runs_events_is_one_line_and_writes_nothing(tm
             path.write_text(json.dumps({"type": "gcs_store", "on": False}) + "\n")
         assert main(["--judge-events", str(path), "--report", str(report)]) == 2
         (line,) = capsys.readouterr().out.strip().splitlines()
-        assert line.startswith(f"FAIL: --judge-events {path}: {why}") and not report.exists()
+        assert line.startswith(f"FAIL: --judge-events {path}: {why}") and not report.parent.exists()
