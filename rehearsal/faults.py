@@ -105,6 +105,7 @@ FAULTS = ("decode", "prefill", "kv", "replace", "update", "gcs")
 REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REPLACED = "decode replica replaced by the runbook's command"
 REDEPLOYED = "serve config redeployed"
+CONTROL_OUTCOME = "control_outcome"  # an answer of the colocated control under load (--control-load-s)
 
 
 @dataclass
@@ -209,9 +210,10 @@ class Events:
 class Load:
     """``streams`` clients sending one request after another until stopped."""
 
-    def __init__(self, endpoint: Endpoint, events: Events, streams: int) -> None:
+    def __init__(self, endpoint: Endpoint, events: Events, streams: int, kind: str = "outcome") -> None:
         self.endpoint = endpoint
         self.events = events
+        self.kind = kind  # each answer's event type: the judge reads "outcome"
         self.outcomes: list[Outcome] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -225,7 +227,7 @@ class Load:
                 turn += 1
                 with self._lock:
                     self.outcomes.append(outcome)
-                self.events.write({"type": "outcome", **asdict(outcome)})
+                self.events.write({"type": self.kind, **asdict(outcome)})
                 if not outcome.complete:
                     time.sleep(0.2)  # a client's pause before it retries
 
@@ -465,8 +467,7 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
     right = {p: {control[p], pd[p], *(answers.get("control_under_load") or {}).get(p, [])} for p in pd}
     # The right texts' tokens and top logprobs (runs from the logprobs on; older events have none).
     references = answers.get("reference_tokens") or {}
-    fields = set(Outcome.__dataclass_fields__)
-    outcomes = [Outcome(**{k: v for k, v in e.items() if k in fields}) for e in events if e["type"] == "outcome"]
+    outcomes = [_as_outcome(e) for e in events if e["type"] == "outcome"]
     faults = [e for e in events if e["type"] == "fault"]
     results = []
     for index, fault in enumerate(faults):
@@ -534,6 +535,22 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
             }
         )
     return results
+
+
+def _as_outcome(event: dict[str, Any]) -> Outcome:
+    return Outcome(**{k: v for k, v in event.items() if k in Outcome.__dataclass_fields__})
+
+
+def control_texts(events: list[dict[str, Any]]) -> dict[str, dict[str, Any]] | None:
+    """The colocated control under load: each prompt's complete answers and how many gave each
+    text (most first); None when the run served it no load."""
+    answers = [_as_outcome(e) for e in events if e["type"] == CONTROL_OUTCOME]
+    if not answers:
+        return None
+    found: dict[str, Counter[str]] = {}
+    for answer in (a for a in answers if a.complete):
+        found.setdefault(answer.prompt, Counter())[answer.text] += 1
+    return {p: {"answers": sum(c.values()), "by_text": dict(c.most_common())} for p, c in sorted(found.items())}
 
 
 def _path_figures(events: list[dict[str, Any]], fault: dict[str, Any], until: float) -> dict[str, Any]:
@@ -721,10 +738,11 @@ def _child(args: argparse.Namespace) -> int:
         return _under_load(args, events, rehearsed, endpoint, http_port, run_id, store)
 
 
-def _texts_under_load(endpoint: Endpoint, streams: int, seconds: float) -> dict[str, list[Outcome]]:
+def _texts_under_load(endpoint: Endpoint, events: Events, streams: int, seconds: float) -> dict[str, list[Outcome]]:
     """Every complete text each prompt got from ``streams`` clients over ``seconds``, no fault: the
-    first answer of each text, by text."""
-    with Load(endpoint, Events(Path(os.devnull)), streams) as load:
+    first answer of each text, by text. Each answer is an event of its own type
+    (``CONTROL_OUTCOME``), so how often each text came is on record."""
+    with Load(endpoint, events, streams, kind=CONTROL_OUTCOME) as load:
         time.sleep(seconds)
     found: dict[str, dict[str, Outcome]] = {}
     for outcome in load.since(0.0):
@@ -753,7 +771,7 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
         deploy(build(control), http_port, args.timeout_s)
         reference = _answers(endpoint, "the colocated control")
         if args.control_load_s > 0:
-            under_load = _texts_under_load(endpoint, args.streams, args.control_load_s)
+            under_load = _texts_under_load(endpoint, events, args.streams, args.control_load_s)
         undeploy(control)
     # The update fault redeploys the config as KubeRay does, so the first deploy goes that way too.
     ready_s = (
@@ -930,7 +948,7 @@ def main(argv: list[str] | None = None) -> int:
               "failover": expected and expected.get("failover"),
               "pd_differs_from_control": differs,
               "gcs_fault_tolerance": store, "state_after_gcs_restart": state, "gcs_store_usage": usage,
-              "faults": faults}  # fmt: skip
+              "control_under_load": control_texts(events), "faults": faults}  # fmt: skip
     output.join()
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
@@ -972,18 +990,20 @@ def _judge_recorded(args: argparse.Namespace) -> int:
     and stack): a run made without the control, judged by one made with it."""
     try:
         events = _read_events(args.judge_events, "--judge-events")
-        if args.references_from:
-            theirs = next(e for e in _read_events(args.references_from, "--references-from") if e["type"] == "expected")
-            keys = ("control", "control_under_load", "reference_tokens")
-            events = [{**e, **{k: theirs.get(k) for k in keys}} if e["type"] == "expected" else e for e in events]
+        control = _read_events(args.references_from, "--references-from") if args.references_from else events
     except ValueError as exc:
         log(f"FAIL: {exc}")
         return 2
+    if control is not events:  # the other run's right answers replace this one's (its PD answers stay)
+        theirs = next(e for e in control if e["type"] == "expected")
+        keys = ("control", "control_under_load", "reference_tokens")
+        events = [{**e, **{k: theirs.get(k) for k in keys}} if e["type"] == "expected" else e for e in events]
     faults = judge(events, args.recovery_bound_s)
     args.report.parent.mkdir(parents=True, exist_ok=True)
     references = args.references_from and str(args.references_from)
     report = {"judged_from": str(args.judge_events), "references_from": references,
-              "recovery_bound_s": args.recovery_bound_s, "faults": faults}  # fmt: skip
+              "recovery_bound_s": args.recovery_bound_s, "control_under_load": control_texts(control),
+              "faults": faults}  # fmt: skip
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(f"{fault['fault']}: {fault['requests_failed']} of {fault['requests_affected']} failed; "

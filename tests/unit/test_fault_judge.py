@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rehearsal.faults import REPLACED, Outcome, holds, judge, main, near_tie
+from rehearsal.faults import CONTROL_OUTCOME, REPLACED, Outcome, holds, judge, main, near_tie
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -351,6 +351,10 @@ def test_recorded_events_are_judged_again_by_another_runs_right_answers(tmp_path
     without = events(outcome(11.0, 12.0, text=LOCAL), outcome(12.0, 13.0, text="the answeR", tokens=[]))
     control = events(control=LOCAL)
     control[0]["control_under_load"] = {"p": [LOCAL, "the answeR"]}
+    # The control's answers under load are on record by type of their own, apart from the faults'.
+    for text in (LOCAL, LOCAL, "the answeR"):
+        control.append({**outcome(1.0, 2.0, text=text), "type": CONTROL_OUTCOME})
+    control.append({**outcome(2.0, 3.0, status=None, error="ReadTimeout", done=False), "type": CONTROL_OUTCOME})
     recorded, references = tmp_path / "run.events.jsonl.gz", tmp_path / "control.events.jsonl"
     with gzip.open(recorded, "wt") as out:
         out.writelines(json.dumps(e) + "\n" for e in without)
@@ -360,8 +364,10 @@ def test_recorded_events_are_judged_again_by_another_runs_right_answers(tmp_path
     assert json.loads(report.read_text())["faults"][0]["wrong_answers"] == 2
     judged = ["--judge-events", str(recorded), "--references-from", str(references), "--report", str(report)]
     assert main(judged) == 0
-    (fault,) = json.loads(report.read_text())["faults"]
+    judgement = json.loads(report.read_text())
+    (fault,) = judgement["faults"]
     assert (fault["completed"], fault["wrong_answers"], fault["answered_as_control"]) == (2, 0, 1)
+    assert judgement["control_under_load"] == {"p": {"answers": 3, "by_text": {LOCAL: 2, "the answeR": 1}}}
 
 
 def test_judging_a_file_that_is_no_runs_events_is_one_line_and_writes_nothing(tmp_path: Path, capsys: Any) -> None:
