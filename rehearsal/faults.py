@@ -958,16 +958,22 @@ def main(argv: list[str] | None = None) -> int:
         log(
             f"{fault['fault']}: {fault['requests_failed']} of {fault['requests_affected']} failed {fault['failures']}; "
             f"recovered in {fault['recovered_s']} s; first failure at {fault['first_failure_s']} s; "
-            f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong{_near_ties(fault)}"
+            f"{_answers_judged(fault)}"
         )
     ok = holds(report)
     log(f"{'PASS' if ok else 'FAIL'}: faults rehearsed; report in {args.report}")
     return 0 if ok else 1
 
 
-def _near_ties(fault: dict[str, Any]) -> str:
+def _answers_judged(fault: dict[str, Any]) -> str:
+    """A fault's line's end: its wrong answers, and those that left a right text at a near tie."""
+    line = f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong"
     count = fault.get("near_tie_answers")
-    return f", {count} more left a right text at a near tie (gap at most {fault['near_tie_gap_max']})" if count else ""
+    return (
+        f"{line}, {count} more left a right text at a near tie (gap at most {fault['near_tie_gap_max']})"
+        if count
+        else line
+    )
 
 
 def _read_events(path: Path, setting: str) -> list[dict[str, Any]]:
@@ -1007,7 +1013,7 @@ def _judge_recorded(args: argparse.Namespace) -> int:
     args.report.write_text(json.dumps(report, indent=2))
     for fault in faults:
         log(f"{fault['fault']}: {fault['requests_failed']} of {fault['requests_affected']} failed; "
-            f"{fault['wrong_answers']} of {fault['completed']} completed answers wrong{_near_ties(fault)}")  # fmt: skip
+            f"{_answers_judged(fault)}")  # fmt: skip
     return 0 if all(f["wrong_answers"] == 0 for f in faults) else 1
 
 
