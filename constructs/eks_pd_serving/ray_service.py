@@ -130,5 +130,6 @@ def _rollout_spec(
         window_s=rollout.WINDOW_S,
         pod_start_s=rollout.POD_START_S,
         pod_job_label=rollout.pod_job_label(),
+        finished_ttl_s=rollout.FINISHED_TTL_S,
         bounds=bounds,
     )

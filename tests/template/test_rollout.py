@@ -170,7 +170,7 @@ def test_the_jobs_name_covers_its_whole_pod_template() -> None:
 
     program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
     spec = RolloutSpec("ray-llm", "inference", "d" * 16, program, rollout.env_names(), "image", {"role": "system"},
-                       60, 30, 840, rollout.pod_job_label())  # fmt: skip
+                       60, 30, 840, rollout.pod_job_label(), rollout.FINISHED_TTL_S)  # fmt: skip
     variants = [
         spec,
         replace(spec, node_selector={"role": "other"}),

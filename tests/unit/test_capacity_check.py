@@ -214,3 +214,49 @@ def test_the_deploy_time_check_passes_its_reservations_to_the_quota(ec2: Any, mo
     ]  # fmt: skip
     data = handler.run_checks(props, ec2, quotas(None, p_value=0))
     assert "P vCPU quota: not counted: prefill launch into a reservation" in data["Checks"]
+
+
+class _Blocks:
+    """moto's EC2 with DescribeCapacityReservations answered as given: the block's row, or a
+    ClientError code (moto does not hold Capacity Blocks)."""
+
+    def __init__(self, ec2: Any, answer: dict[str, Any] | str) -> None:
+        self.ec2, self.answer = ec2, answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.ec2, name)
+
+    def describe_capacity_reservations(self, **kwargs: Any) -> dict[str, Any]:
+        from botocore.exceptions import ClientError
+
+        if isinstance(self.answer, str):
+            raise ClientError({"Error": {"Code": self.answer, "Message": "x"}}, "DescribeCapacityReservations")
+        return {"CapacityReservations": [self.answer]}
+
+
+@pytest.mark.parametrize("answer", ["ended", "unreadable"])
+def test_a_waived_check_still_gives_every_block_its_schedule_times(
+    ec2: Any, answer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rollback waives a failed Capacity Block check, but the block's two schedules GetAtt
+    ScaleDownAt<g> and WarnAt<g>: without them the rollback itself fails (UPDATE_ROLLBACK_FAILED).
+    Every block group gets both, in the future: from the block's end where it was read, else a
+    warning within the hour and no blind scale-down."""
+    import datetime
+
+    now = datetime.datetime(2026, 12, 5, 12, 0, tzinfo=datetime.UTC)
+    row = {"CapacityReservationId": BLOCK, "InstanceType": "g6.8xlarge", "AvailabilityZone": "us-east-1a",
+           "State": "expired", "AvailableInstanceCount": 0, "EndDate": now - datetime.timedelta(hours=1)}  # fmt: skip
+    client = _Blocks(ec2, row if answer == "ended" else "AccessDenied")
+    props = properties()
+    props["Reservations"] = [
+        {"Name": "gpu", "InstanceType": "g6.8xlarge", "MaxNodes": "2", "Kind": "capacity-block",
+         "Target": BLOCK, "Setting": "gpu_capacity"},
+    ]  # fmt: skip
+    with pytest.raises(handler.CapacityCheckFailed, match="Capacity"):
+        handler.run_checks(props, client, quotas(None), now=now)
+    data = handler.run_checks(props, client, quotas(None), now=now, waived="stack UPDATE_ROLLBACK_IN_PROGRESS")
+    scale_down, warn = checks.block_attributes("gpu")
+    assert data[warn] == "at(2026-12-05T13:00:00)"  # within the hour: someone must look
+    expected = "at(2026-12-05T13:00:00)" if answer == "ended" else "at(2027-12-05T12:00:00)"
+    assert data[scale_down] == expected

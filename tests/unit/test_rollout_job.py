@@ -57,6 +57,9 @@ class Cluster:
         self.polls = self.reads = 0
         self.job_marks: dict[str, str] = {}
         self.calls: list[tuple[str, str, Any]] = []
+        #: The answers the API server gives the next calls instead of serving them (an HTTP status,
+        #: or "drop": the connection closed unanswered), as a busy or restarting API server does.
+        self.failures: list[int | str] = []
         self.lock = threading.Lock()
 
     def service(self) -> dict[str, Any]:
@@ -107,6 +110,13 @@ def api() -> Iterator[tuple[str, list[Cluster]]]:
             body = json.loads(self.rfile.read(length)) if length else None
             assert self.headers["Authorization"] == "Bearer test-token"
             with world.lock:
+                if world.failures:
+                    failure = world.failures.pop(0)
+                    if failure == "drop":
+                        self.close_connection = True
+                        self.connection.shutdown(2)
+                        return None
+                    return self._answer({"message": "try again"}, int(failure))
                 world.calls.append((method, self.path, body))
                 base = f"/apis/ray.io/v1/namespaces/{NS}"
                 if method == "GET" and self.path.startswith(f"{base}/rayclusters?labelSelector="):
@@ -154,7 +164,7 @@ def run(
     bounds = {"gpu": {"replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}}
     window = window_s or deadline_s
     driver = (
-        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
+        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); api.retry_first_s = 0.01; "
         f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, "
         f"window_s={window!r}, job={JOB!r}, poll_s=0.05))"
     )
@@ -174,6 +184,31 @@ def test_a_cluster_built_from_an_older_spec_is_deleted_and_the_job_waits_until_t
     assert "rollout: deleted RayCluster ray-llm-old (config old-digest, the spec's is new-digest)" in ran.stdout
     assert "rollout: waiting: " in ran.stdout  # it waited for KubeRay's rebuild
     assert ran.stdout.strip().endswith("rollout: serving from RayCluster ray-llm-abcde with config new-digest")
+
+
+def test_throttled_or_failing_api_calls_are_tried_again_inside_the_deadline(api: Any) -> None:
+    """One 429, 5xx or dropped connection (a rollout makes about 150 calls) no longer fails the Job,
+    and with it the deploy, after the whole wait: each is tried again with backoff."""
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)], rebuild_after=2))
+    world.failures = [429, 503, "drop", 500, 504]
+    ran = run(base)
+    assert ran.returncode == 0, (ran.stdout, ran.stderr)
+    assert ran.stdout.count("rollout: the API server did not answer") == 5
+    assert "HTTP 429" in ran.stdout and "HTTP 503" in ran.stdout
+    assert ran.stdout.strip().endswith("rollout: serving from RayCluster ray-llm-abcde with config new-digest")
+
+
+def test_a_client_error_is_not_tried_again_and_a_deadline_bounds_the_retries(api: Any) -> None:
+    base, state = api
+    state.append(world := Cluster([cluster("ray-llm-old", OLD)]))
+    world.failures = [403]
+    ran = run(base)
+    assert ran.returncode == 1 and "HTTP Error 403" in ran.stderr
+    state[:] = [world := Cluster([cluster("ray-llm-old", OLD)])]
+    world.failures = [503] * 1000
+    ran = run(base, deadline_s=3)
+    assert ran.returncode == 1 and "HTTP Error 503" in ran.stderr
 
 
 def test_a_cluster_from_before_the_digest_existed_counts_as_stale(api: Any) -> None:
@@ -280,7 +315,7 @@ def _role_rules(rules_override: list[dict[str, Any]] | None = None) -> list[dict
 
     program = PodProgram("c", rollout.FILE_NAME, rollout.source(), rollout.source_digest(), rollout.MOUNT_PATH, "a")
     spec = RolloutSpec(NAME, NS, NEW, program, rollout.env_names(), "image", {"role": "system"}, 60, 30, 840,
-                       rollout.pod_job_label(), template_digest="abcdef")  # fmt: skip
+                       rollout.pod_job_label(), rollout.FINISHED_TTL_S, template_digest="abcdef")  # fmt: skip
     assert spec.job_name == JOB  # the Job the test's calls mark
     (role,) = [o for o in RolloutChart(cdk8s.App(), "R", spec=spec).to_json() if o["kind"] == "Role"]
     return rules_override if rules_override is not None else role["rules"]

@@ -270,7 +270,8 @@ def check_reservations(
     most nodes (summed where groups share one; the instances ``cluster_name``'s own nodes already
     hold in it count as free, so an update does not refuse the nodes it runs on), and its end (a
     Capacity Block's, or a dated ODCR's) at least ``RESERVATION_MARGIN`` away. One check per group,
-    each failure with its fix; and each Capacity Block group's end."""
+    each failure with its fix; and each Capacity Block group's end, wherever the block was read
+    (a failed check included)."""
     from botocore.exceptions import ClientError
 
     now = now or datetime.datetime.now(datetime.UTC)
@@ -295,14 +296,14 @@ def check_reservations(
         own = _own_instances(ec2, cluster_name, rid) if cluster_name else 0
         problems = _reservation_problems(found, group, gpu_az, wanted[rid], own, now)
         end = found.get("EndDate")
+        if group.block and end is not None:  # read even when it fails: a rollback times its schedules by it
+            ends[group.name] = end
         if problems:
             detail = (
                 f"{rid}: {'; '.join(problems)}. Fix: choose a reservation that matches, or {group.setting}=on-demand"
             )
             checks.append(Check(name, False, detail))
             continue
-        if group.block and end is not None:
-            ends[group.name] = end
         until = f", until {end.isoformat()}" if end is not None else ""
         available = int(found.get("AvailableInstanceCount", 0))
         checks.append(Check(name, True, f"{rid}: {found['InstanceType']} in {gpu_az}, {available} free{until}"))

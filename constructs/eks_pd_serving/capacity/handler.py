@@ -25,6 +25,9 @@ class CapacityCheckFailed(RuntimeError):
 
 # The stack's status while CloudFormation rolls an update back (its own and a nested stack's).
 ROLLING_BACK = "UPDATE_ROLLBACK_IN_PROGRESS"
+# A Capacity Block the waived check could not read: its scale-down is put this far out (the block's
+# own end still terminates its instances), its warning within SCHEDULE_LEAD.
+UNREAD_BLOCK_SCALE_DOWN = datetime.timedelta(days=365)
 NOT_ENFORCED = "not enforced, the stack is rolling back to its previous state"
 
 
@@ -83,8 +86,16 @@ def run_checks(
         print(f"GPU capacity check failed, {waived}: {problem}", flush=True)
         summary = f"{NOT_ENFORCED} ({waived}): {problem}"
     data: dict[str, Any] = {"Checks": summary[:1000]}
-    for group, end in sorted(ends.items()):
-        scale_down, warn = checks.block_times(end, now)
+    # Every block group's two times, whether or not a check failed: its schedules GetAtt them, and a
+    # missing attribute fails the update, or the rollback, that waived the check.
+    for group in sorted({r.name for r in reserved if r.block}):
+        end = ends.get(group)
+        if end is None:  # unread (only while waived): warn within the hour, never scale down blind
+            scale_down, warn = now + UNREAD_BLOCK_SCALE_DOWN, now + checks.SCHEDULE_LEAD
+        else:  # a block that ended or ends too soon (waived): its schedules still lie ahead
+            scale_down, warn = checks.block_times(end, now)
+            scale_down = max(scale_down, now + checks.SCHEDULE_LEAD)
+            warn = min(max(warn, now + checks.SCHEDULE_LEAD), scale_down)
         scale_attribute, warn_attribute = checks.block_attributes(group)
         data[scale_attribute] = checks.schedule_expression(scale_down)
         data[warn_attribute] = checks.schedule_expression(warn)

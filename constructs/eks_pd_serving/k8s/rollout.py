@@ -19,6 +19,11 @@ from constructs import Construct
 from .specs import PodProgram
 
 
+# A label value's limit: the Job controller labels the Job's pods with its name
+# (``batch.kubernetes.io/job-name``), and a longer one is refused when the Job is created.
+JOB_NAME_MAX = 63
+
+
 @dataclass(frozen=True)
 class RolloutSpec:
     """One rollout: the RayService it converges, the digest it converges to, and how."""
@@ -40,6 +45,11 @@ class RolloutSpec:
     pod_start_s: int
     #: The Job controller's label on its pods that names their Job (the program marks its Job).
     pod_job_label: str
+    #: How long Kubernetes keeps the Job once it finished (``ttlSecondsAfterFinished``): long
+    #: enough for the deploy's remaining waits to read a success, short enough that a failed Job a
+    #: rollback left in place (a rollback to a version that did not prune it) is gone before the next
+    #: deploy applies the same Job again and waits on it.
+    finished_ttl_s: int
     #: Each worker group's replicas and bounds, by group name: the Job sets them in place.
     bounds: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     #: A digest of ``job_spec(self)`` as the template holds it (tokens resolved): the Job's name
@@ -48,8 +58,12 @@ class RolloutSpec:
 
     @property
     def job_name(self) -> str:
+        """``<service>-rollout-<config digest>-<spec digest>``, the service's part cut so the name
+        fits ``JOB_NAME_MAX`` (the Job controller copies it into a pod label): the spec digest,
+        which holds the whole service name, keeps two long names apart."""
         spec = self.template_digest or spec_digest(job_spec(self))
-        return f"{self.ray_service}-rollout-{self.digest[:10]}-{spec[:6]}"
+        suffix = f"-rollout-{self.digest[:10]}-{spec[:6]}"
+        return f"{self.ray_service[: JOB_NAME_MAX - len(suffix)].rstrip('-')}{suffix}"
 
     @property
     def service_account(self) -> str:
@@ -142,6 +156,7 @@ def job_spec(spec: RolloutSpec) -> dict[str, Any]:
         # One attempt: a second would find nothing stale and pass without the wait.
         "backoffLimit": 0,
         "activeDeadlineSeconds": spec.deadline_s + spec.pod_start_s,
+        "ttlSecondsAfterFinished": spec.finished_ttl_s,
         "template": {
             "metadata": {"annotations": {program.annotation: program.digest}},
             "spec": {

@@ -21,8 +21,10 @@ It fails (exit 1) with one line naming what did not come up when ``EKS_PD_ROLLOU
 passes; the line is also the pod's termination message. The deploy waits on it in steps that each
 fit the kubectl handler's Lambda (15 minutes): so it marks its own Job, by annotation, when it
 starts (``STARTED``) and as each ``EKS_PD_ROLLOUT_WINDOW_S`` of its deadline passes (``WINDOW``
-and the window's number), and at success every window at once. Standard library only (the Ray image's
-Python), the pod's service account token for the Kubernetes API.
+and the window's number), and at success every window at once. A call the API server does not
+answer (429, 5xx, a timeout or a dropped connection: about 150 calls a rollout) is tried again with
+backoff inside the deadline, and a DELETE of a RayCluster already gone counts as done. Standard
+library only (the Ray image's Python), the pod's service account token for the Kubernetes API.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import os
 import ssl
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -63,6 +66,22 @@ SERVING_LINE = "rollout: serving from RayCluster"
 FAILED_LINE = "rollout failed"
 ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 TERMINATION_LOG = "/dev/termination-log"
+# The API server's answers that say "not now" (throttled, overloaded, a restart behind its load
+# balancer): tried again, from RETRY_FIRST_S doubling up to RETRY_MAX_S, until the Api's ``until``.
+TRANSIENT_CODES = (429, 500, 502, 503, 504)
+RETRY_FIRST_S, RETRY_MAX_S = 1.0, 30.0
+# How long a call is tried again when no deadline was set (``converge`` sets its own).
+RETRY_BUDGET_S = 120.0
+RETRY_LINE = "rollout: the API server did not answer"
+
+
+def transient(error: BaseException) -> str | None:
+    """Why ``error`` is worth another try (the server's or the network's, not the request's), or None."""
+    if isinstance(error, urllib.error.HTTPError):
+        return f"HTTP {error.code}" if error.code in TRANSIENT_CODES else None
+    if isinstance(error, (urllib.error.URLError, TimeoutError, ConnectionError)):
+        return f"{type(error).__name__}: {getattr(error, 'reason', error)}"
+    return None
 
 
 class Api:
@@ -76,8 +95,25 @@ class Api:
                 token = file.read().strip()
         self.token = token
         self.context = None if base else ssl.create_default_context(cafile=f"{ACCOUNT}/ca.crt")
+        #: The monotonic time after which a failed call is no longer tried again, and the first wait.
+        self.until = time.monotonic() + RETRY_BUDGET_S
+        self.retry_first_s = RETRY_FIRST_S
 
     def call(self, method: str, path: str, body: Any = None, content_type: str = "application/json") -> Any:
+        """One API call, tried again on a transient failure (``transient``) until ``until``."""
+        delay = self.retry_first_s
+        while True:
+            try:
+                return self._once(method, path, body, content_type)
+            except Exception as error:
+                why = transient(error)
+                if why is None or time.monotonic() + delay > self.until:
+                    raise
+                print(f"{RETRY_LINE} ({method} {path.split('?')[0]}: {why}); again in {delay:.0f} s", flush=True)
+                time.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    def _once(self, method: str, path: str, body: Any, content_type: str) -> Any:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base + path, data=data, method=method)
         request.add_header("Authorization", f"Bearer {self.token}")
@@ -147,6 +183,7 @@ def converge(
     def done() -> None:
         mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
 
+    api.until = time.monotonic() + deadline_s
     mark({STARTED: "true"})
     started = time.monotonic()
     marked = 0
@@ -181,7 +218,11 @@ def converge(
                 if (cluster.get("metadata") or {}).get("deletionTimestamp"):
                     continue  # already going
                 cluster_name = cluster["metadata"]["name"]
-                api.call("DELETE", f"{base}/rayclusters/{cluster_name}", {"propagationPolicy": "Background"})
+                try:
+                    api.call("DELETE", f"{base}/rayclusters/{cluster_name}", {"propagationPolicy": "Background"})
+                except urllib.error.HTTPError as error:
+                    if error.code != 404:  # gone already (a retried DELETE whose first answer was lost)
+                        raise
                 print(
                     f"{DELETED_LINE} {cluster_name} (config {digest_of(cluster)}, the spec's is {digest})", flush=True
                 )
