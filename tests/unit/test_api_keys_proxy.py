@@ -307,3 +307,33 @@ def test_the_key_does_not_travel_past_the_check() -> None:
     assert not [name for name, _ in headers if name.lower() == b"authorization"]
     assert KEY_A.encode() not in b"".join(value for _, value in headers)
     assert (b"content-type", b"application/json") in headers  # the rest is passed on
+
+
+def test_a_slow_read_that_answers_with_the_old_secret_does_not_make_a_revoked_key_fresh() -> None:
+    """Seen before: a read that hung for an hour, then answered with the secret as it was when the
+    read began, kept a key revoked meanwhile alive past the 300 s bound (its time was the answer's).
+    Now the keys are as fresh as the read's start: revoked at R, the key dies by R + max_stale_s."""
+    clock = Clock()
+    store = keys.KeyStore(lambda: SECRET, refresh_s=30, max_stale_s=300, clock=clock)
+    assert store.refresh()
+
+    def slow_old_answer() -> str:
+        clock.now += 3600  # the read hangs; the key is revoked meanwhile; the old secret comes back
+        return SECRET
+
+    store._fetch = slow_old_answer
+    assert store.refresh()
+    with pytest.raises(keys.KeysUnavailable, match="could not be read for over 300 s"):
+        store.identify(KEY_A)
+
+
+def test_the_secret_read_is_bounded() -> None:
+    """botocore's defaults (60 s connect, 60 s read, five tries) let one read hang for minutes."""
+    with mock_aws():
+        fetch = keys.secrets_manager_fetch("arn:aws:secretsmanager:us-east-1:111122223333:secret:k-AbCdEf")
+        with pytest.raises(Exception):  # noqa: B017  moto: no such secret; the client is made on the first read
+            fetch()
+    (client,) = fetch.__closure__[0].cell_contents  # type: ignore[index]
+    config = client.meta.config
+    assert (config.connect_timeout, config.read_timeout) == (5, 10)
+    assert config.retries == {"total_max_attempts": 3, "mode": "standard"}  # botocore counts the first try

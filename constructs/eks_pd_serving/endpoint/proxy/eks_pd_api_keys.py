@@ -10,8 +10,10 @@ constant time. Logs name the key id, never a key. The keys are read again every
 ``EKS_PD_API_KEYS_REFRESH_S`` seconds, so a key added to or removed from the secret takes effect
 within that interval without restarting anything. An entry that is not a valid key is dropped
 (and logged by its id) while the rest apply. A failed read keeps the keys last read for at most
-``EKS_PD_API_KEYS_MAX_STALE_S`` seconds after the last good one; then every request gets 503 until
-a read succeeds, so a revoked key is dead within that bound whatever happens to the reads.
+``EKS_PD_API_KEYS_MAX_STALE_S`` seconds after the last good one started (a read's answer is as
+fresh as its start); then every request gets 503 until a read succeeds, so a revoked key is dead
+within that bound whatever happens to the reads, a slow answer included. Each read is bounded
+(``READ_LIMITS``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ DROPPED_LINE = "API key entry dropped"
 # Answered without a key: KubeRay's operator and the pods' readiness probes ask each proxy's
 # health here (the NLB's health check is TCP). Nothing behind it reaches an application.
 OPEN_PATHS = frozenset({"/-/healthz"})
+# Secrets Manager's read, bounded (botocore's defaults: 60 s to connect, 60 s to read, retried up
+# to 5 times in legacy mode, about 10 minutes): a slow answer no longer stalls the refreshes.
+READ_LIMITS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2, "mode": "standard"}}
 KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MIN_KEY_CHARS = 32
 # A logged path is at most this long: anyone who reaches the port, without a key, chooses it.
@@ -110,6 +115,9 @@ class KeyStore:
         self._stop = threading.Event()
 
     def refresh(self) -> bool:
+        # The keys are as fresh as the read's start, not its end: a read that hangs, then answers
+        # with the secret as it was, must not make a key revoked meanwhile look fresh.
+        started = self._clock()
         try:
             digests, dropped = parse_keys(self._fetch())
         except Exception as error:  # any failure keeps the keys in hand, within max_stale_s
@@ -126,7 +134,7 @@ class KeyStore:
         if self._digests is None or set(digests.values()) != set(self._digests.values()):
             logger.info("API keys read: ids %s", ", ".join(sorted(digests.values())) or "(none)")
         self._digests = digests
-        self._read_at = self._clock()
+        self._read_at = started
         return True
 
     def identify(self, presented: str) -> str | None:
@@ -239,8 +247,9 @@ def secrets_manager_fetch(secret_id: str) -> Callable[[], str]:
     def fetch() -> str:
         if not client:
             import boto3
+            from botocore.config import Config
 
-            client.append(boto3.client("secretsmanager", region_name=region))
+            client.append(boto3.client("secretsmanager", region_name=region, config=Config(**READ_LIMITS)))
         return str(client[0].get_secret_value(SecretId=secret_id)["SecretString"])
 
     return fetch
