@@ -22,7 +22,7 @@ from typing import Any
 from eks_pd_serving.endpoint_check import check_endpoint
 from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
 
-from . import api_keys, autoscale, profile, verdict
+from . import api_keys, autoscale, client_limits, profile, verdict
 from .probes import (
     Endpoint,
     ProbeFailed,
@@ -217,6 +217,9 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
             report[name]["verify_endpoint"] = asdict(
                 check_endpoint(endpoint.base_url, model_id, api_key=endpoint.api_key)
             )
+            if config is rehearsed:
+                log("== pd: what a client may not do (transfer params, adapter ids, a 2 MB chat)")
+                report["client_limits"] = client_limits.probe(endpoint)
             if keys and config is rehearsed:
                 log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")
                 report["api_keys"], used = api_keys.probe(endpoint, keys, run_id, log)
@@ -281,6 +284,9 @@ def rehearse_and_judge(report: dict[str, Any], run: Rehearsal, report_file: Path
     if run.keys:
         keyed, key_lines = api_keys.judge(report["api_keys"])
         ok, lines = ok and keyed, lines + key_lines
+    if "client_limits" in report:
+        limited, limit_lines = client_limits.judge(report["client_limits"])
+        ok, lines = ok and limited, lines + limit_lines
     if run.short_prompt_tokens:
         short, short_lines = short_prompts_judged(report["short_prompts"], run.short_prompt_tokens)
         ok, lines = ok and short, lines + short_lines

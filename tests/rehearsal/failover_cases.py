@@ -21,19 +21,35 @@ from ray.llm._internal.serve.core.configs.openai_api_models import ErrorInfo, Er
 from ray.serve.api import RunTarget
 
 
+class EngineDeadError(RuntimeError):
+    """vLLM's, by name (the failover tells availability by class name: Ray wraps it in RayTaskError)."""
+
+
+# The first replica of the "one_of_two" app to start refuses (503); the other serves.
+FIRST_REPLICA = Path(os.environ.get("TMPDIR", "/tmp")) / f"eks-pd-failover-cases-{os.getpid()}"
+
+
 @serve.deployment(max_ongoing_requests=8)
 class Engine:
     """A stand-in engine with one behaviour, served by Serve's own replicas."""
 
     def __init__(self, behaviour: str) -> None:
         self.behaviour = behaviour
+        if behaviour == "one_of_two":
+            try:
+                os.close(os.open(FIRST_REPLICA, os.O_CREAT | os.O_EXCL))
+                self.behaviour = "503"
+            except FileExistsError:
+                self.behaviour = "ok"
 
     async def chat(self, request: str, raw: Any = None) -> Any:
         behaviour = self.behaviour
         if behaviour == "dies":
             os._exit(1)  # the replica's process, mid-request, before any chunk
         if behaviour == "raises":
-            raise RuntimeError("EngineDeadError: the engine died")
+            raise EngineDeadError("the engine died")
+        if behaviour == "client_error":
+            raise ValueError("Must setup lora config for multiplexed requests.")
         if behaviour == "hangs":
             await asyncio.sleep(60)
         if behaviour in ("503", "400"):
@@ -75,7 +91,7 @@ async def main() -> None:
     print("ok a server error before the first chunk is refused; a client error passes through")
 
     reason, _ = await refused(handle("raises"))
-    assert "RuntimeError" in reason, reason
+    assert "EngineDeadError" in reason, reason
     reason, took = await refused(handle("hangs"), first_s=1.0)
     assert "no answer within 1 s" in reason and took < 3, (reason, took)
     print("ok an engine that raises, or answers later than first_s, is refused before any chunk")
@@ -94,6 +110,26 @@ async def main() -> None:
     assert took < 30 and "no replica" not in reason, (reason, took)
     print(f"  the dead replica's refusal: {reason}")
     print("ok a replica that dies before its first chunk is refused")
+
+    # A client's own error (here Ray's answer to an adapter id without adapters) is not the engine's:
+    # it passes through as the error it is, and the next request is served as before.
+    try:
+        await collect(handle("client_error"))
+    except failover.Refused as error:
+        raise AssertionError(f"a client's error was taken for the engine's: {error}") from None
+    except Exception as error:
+        assert not failover.unavailable(error) and "Must setup lora config" in str(error), error
+    else:
+        raise AssertionError("the client's error vanished")
+    print("ok a client's own error passes through as itself, not as the engine's unavailability")
+
+    # Two replicas, one refusing: every request is served by the other, none refused.
+    two = handle("one_of_two")
+    for _ in range(12):
+        assert await collect(two) == ["q:1", "q:2", "q:3"]
+    reason, took = await refused(handle("503"), wait_s=2.0)
+    assert reason.startswith("HTTP 503") and took < 1.5, (reason, took)  # one replica: no wait for another
+    print("ok a replica that refuses is left for another replica of its phase; with one, refused at once")
 
     now = [0.0]
     breaker = failover.Breaker("prefill", cooldown_s=5.0, clock=lambda: now[0])
@@ -124,13 +160,15 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": 0})
         targets = [
             RunTarget(Engine.bind(b), name=b, route_prefix=None)  # type: ignore[attr-defined]
-            for b in ("ok", "503", "400", "raises", "hangs", "dies")
+            for b in ("ok", "503", "400", "raises", "hangs", "dies", "client_error")
         ]
+        two = Engine.options(num_replicas=2)  # type: ignore[attr-defined]
+        targets.append(RunTarget(two.bind("one_of_two"), name="one_of_two", route_prefix=None))
         serve.run_many(targets)
         no_node = {"num_cpus": 0, "resources": {"no-such-node": 1}}
         unplaceable = Engine.options(ray_actor_options=no_node)  # type: ignore[attr-defined]

@@ -16,6 +16,8 @@ EXPECTED = (
     "an engine that raises, or answers later than first_s, is refused before any chunk",
     "no replica: refused after wait_s; the plain handle call is still held after 5 s (control)",
     "a replica that dies before its first chunk is refused",
+    "a client's own error passes through as itself, not as the engine's unavailability",
+    "a replica that refuses is left for another replica of its phase; with one, refused at once",
     "breaker: skipped for the cooldown, then one probe at a time, closed by a success",
     "the builder's args are checked",
 )
@@ -29,3 +31,14 @@ def test_the_failover_refuses_before_the_first_chunk_and_bounds_the_routers_wait
     assert ran.returncode == 0, (ran.stdout[-2000:], ran.stderr[-3000:])
     cases = [line[3:] for line in ran.stdout.splitlines() if line.startswith("ok ")]
     assert cases == list(EXPECTED)
+
+
+@pytest.mark.skipif(not os.environ.get("EKS_PD_REHEARSE_PYTHON"), reason="needs the rehearsal virtualenv (make test)")
+def test_the_rehearsals_ray_has_the_code_the_failover_overrides_unchanged() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+    import ray_upstream
+
+    version, changed = ray_upstream.changed(os.environ["EKS_PD_REHEARSE_PYTHON"])
+    assert version == "2.60.0" and changed == []

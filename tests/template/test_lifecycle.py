@@ -1,6 +1,6 @@
 """The lifecycle rules over every variant of the template, each shown failing on the template as
 it was before its fix (tests/fixtures/lifecycle/before-fixes/, synthesized from commit f41ff6f
-with the same settings; before-runtime-fixes/ from 1952631; before-rollout-fixes/ from 3b67cfd),
+with the same settings; before-runtime-fixes/ from 1952631; before-rollout-fixes/ from 3b67cfd; before-failover-fixes/ from 0a5e276),
 and the model itself on small hand-written templates."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from eks_pd_serving.lifecycle.needs import allocatable_cpu_m, named_log_groups
 BEFORE = FIXTURES / "lifecycle" / "before-fixes"
 BEFORE_RUNTIME = FIXTURES / "lifecycle" / "before-runtime-fixes"
 BEFORE_ROLLOUT = FIXTURES / "lifecycle" / "before-rollout-fixes"
+BEFORE_FAILOVER = FIXTURES / "lifecycle" / "before-failover-fixes"
 VARIANTS: dict[str, dict[str, Any]] = {
     "default": {},
     "internal": {"endpoint_exposure": "internal"},
@@ -36,6 +37,8 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "autoscaling_decode_max_3": {"autoscaling": True, "decode_max_replicas": 3},
     "capacity_block": {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
                        "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
+    # The longest service name the settings accept: the rollout Job's name must still fit a label.
+    "long_name": {"ray_service_name": "a" * 40},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
             "alarm_email": "ops@example.com"},
 }  # fmt: skip
@@ -68,7 +71,8 @@ def test_every_lifecycle_rule_holds_on_every_variant(variants: dict[str, StackMo
     assert [str(f) for f in rules.check(variants[variant], preflighted)] == []
 
 
-@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"default"}))
+# A renamed service is another service (every object's name moves), not an update of this one.
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"default", "long_name"}))
 def test_every_update_rule_holds_when_a_setting_flips_either_way(variants: dict[str, StackModel], variant: str) -> None:
     pairs = ((variants["default"], variants[variant]), (variants[variant], variants["default"]))
     found = [f for rule in rules.UPDATE_RULES.values() for old, new in pairs for f in rule(old, new)]
@@ -84,7 +88,7 @@ def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 17 and len(rules.UPDATE_RULES) == 4
+    assert len(rules.TEMPLATE_RULES) == 19 and len(rules.UPDATE_RULES) == 4
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -511,3 +515,34 @@ def test_a_capacity_check_that_would_refuse_a_rollback_is_found_on_the_template_
     assert _found(variants["default"], rule) == [] and _found(variants["capacity_block"], rule) == []
     (finding,) = _found(before("autoscaling", BEFORE_ROLLOUT), rule)
     assert finding.missing == "its function cannot read the stack's status: a rollback is refused"
+
+
+# --- what the failover's review found at run time (before-failover-fixes/, commit 0a5e276) -------
+
+
+def test_a_rollout_job_name_over_a_label_value_is_found_on_the_template_before_the_fix(
+    variants: dict[str, StackModel],
+) -> None:
+    """A 40-character service name (accepted) gave a 66-character Job name: Kubernetes refuses the
+    Job controller's pod label and the deploy fails."""
+    rule = "waited_jobs_fit_their_names"
+    assert _found(variants["long_name"], rule) == [] and _found(variants["default"], rule) == []
+    (finding,) = _found(before("long_name", BEFORE_FAILOVER), rule)
+    assert finding.missing.endswith("has 66 characters, over 63")
+    (job,) = [name for name in _job_names(variants["long_name"]) if "-rollout-" in name]
+    assert len(job) == 63 and job.startswith("a" * 37 + "-rollout-")
+
+
+def _job_names(model: StackModel) -> list[str]:
+    return [o.name for r in model.of_type(facts.MANIFEST) for o in facts.kube_objects(r) if o.kind == "Job"]
+
+
+def test_a_failed_rollout_job_that_stays_is_found_on_the_template_before_the_fix(
+    variants: dict[str, StackModel],
+) -> None:
+    """An upgrade from 8550927 whose rollout failed: the rollback (to a release that did not prune
+    the Job) left the failed Job, and the next deploy applied it unchanged and waited 14 minutes."""
+    rule = "waited_jobs_leave_after_they_finish"
+    assert _found(variants["default"], rule) == []
+    (finding,) = _found(before("default", BEFORE_FAILOVER), rule)
+    assert "stays once finished (ttlSecondsAfterFinished None)" in finding.missing

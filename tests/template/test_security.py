@@ -112,6 +112,43 @@ def test_no_kubernetes_service_or_ingress_reaches_outside_the_cluster(template_f
     assert "LoadBalancer" not in json.dumps(objects) and "NodePort" not in json.dumps(objects)
 
 
+def _ray_egress(objects: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The NetworkPolicy that limits the Ray pods' egress, if any."""
+    found = [
+        o
+        for o in objects
+        if o["kind"] == "NetworkPolicy"
+        and "Egress" in o["spec"].get("policyTypes", [])
+        and o["spec"]["podSelector"].get("matchLabels") == {"ray.io/is-ray-node": "yes"}
+    ]
+    return found[0] if found else None
+
+
+def test_ray_pods_reach_only_what_they_need(template_file: Path) -> None:
+    """Other Ray pods, DNS, the Pod Identity agent, HTTPS and the GCS store's port inside the VPC;
+    not the kubelet, instance metadata or any other port in the VPC, whatever a request names.
+    Before (0a5e276): no egress policy, and a client's kv_transfer_params made decode connect to a
+    listener of its choice."""
+    import gzip
+
+    from support import FIXTURES
+
+    policy = _ray_egress(manifests(template_file))
+    assert policy is not None
+    rules = [
+        ({p["protocol"]: p["port"] for p in rule["ports"]} if rule["ports"] else "any", rule["to"])
+        for rule in policy["spec"]["egress"]
+    ]
+    assert rules[0] == ("any", [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "inference"}},
+                                 "podSelector": {"matchLabels": {"ray.io/is-ray-node": "yes"}}}])  # fmt: skip
+    assert [ports for ports, _ in rules[1:]] == [{"UDP": 53, "TCP": 53}, {"TCP": 80}, {"TCP": 443}, {"TCP": 6379}]
+    assert rules[2][1] == [{"ipBlock": {"cidr": "169.254.170.23/32"}}]
+    assert rules[3][1] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    assert rules[4][1] == [{"ipBlock": {"cidr": "10.0.0.0/16"}}]  # the store: inside the VPC alone
+    before = FIXTURES / "lifecycle" / "before-failover-fixes" / "default.template.json.gz"
+    assert _ray_egress(kubernetes_objects(json.loads(gzip.decompress(before.read_bytes())))) is None
+
+
 def test_helm_values_open_nothing_to_the_outside(template: Template) -> None:
     for chart in resources(template, HELM).values():
         values = chart["Properties"].get("Values", "")

@@ -164,7 +164,8 @@ def run(
     bounds = {"gpu": {"replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}}
     window = window_s or deadline_s
     driver = (
-        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); api.retry_first_s = 0.01; "
+        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
+        "api.retry_first_s = 0.01; "
         f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, "
         f"window_s={window!r}, job={JOB!r}, poll_s=0.05))"
     )

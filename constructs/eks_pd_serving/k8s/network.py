@@ -9,6 +9,13 @@ open to the CloudWatch agents' namespace (its Ray scraper runs off the host netw
 ``MetricsAccessChart``, a manifest of its own. Nothing else
 reaches GCS (6379), the dashboard and job API (8265), the Ray client (10001) or the metrics port.
 
+With ``limit_egress``, the Ray pods' own connections are limited too (``RAY_EGRESS_POLICY``): to
+other Ray pods (any port), DNS in kube-system, the EKS Pod Identity agent, HTTPS (AWS's endpoints,
+the API server for the autoscaler, S3 through the gateway endpoint) and the GCS store's port, inside
+the VPC alone where its CIDR is known. Nothing else: no kubelet, no other service in the VPC, no
+instance metadata, whatever a request names (the failover refuses a client's KV parameters; this
+is the second wall). EFA traffic bypasses the kernel and no NetworkPolicy sees it.
+
 ``EndpointServiceChart`` (``internal`` exposure): a LoadBalancer Service the AWS Load Balancer
 Controller turns into an internal NLB with IP targets on the Ray head's serve port.
 """
@@ -41,6 +48,12 @@ RAY_CLUSTER_POLICY = "ray-cluster-internal"
 OPERATOR_POLICY = "ray-from-operator"
 SERVE_POLICY = "ray-serve-from-clients"
 LOCK_DOWN_POLICIES = (DEFAULT_DENY_POLICY, RAY_CLUSTER_POLICY, OPERATOR_POLICY, SERVE_POLICY)
+RAY_EGRESS_POLICY = "ray-egress"
+# The EKS Pod Identity agent's link-local address on every node (IPv4), and its port.
+POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
+POD_IDENTITY_AGENT_PORT = 80
+HTTPS_PORT = 443
+DNS_PORT = 53
 
 
 def endpoint_service_name(ray_service_name: str) -> str:
@@ -62,6 +75,12 @@ class ServingNetworkProps:
     metrics_scraper_namespace: str | None = None
     #: The Ray pods' metrics port (KubeRay's default).
     metrics_port: int = 8080
+    #: Limit the Ray pods' egress (``RAY_EGRESS_POLICY``). Default: False (unlimited).
+    limit_egress: bool = False
+    #: The VPC's IPv4 CIDR: the GCS store's port is reached inside it alone. Default: None (any address).
+    vpc_cidr: str | None = None
+    #: The GCS store's port, open for egress. Default: None (no store).
+    gcs_store_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +133,23 @@ class ServingNetworkChart(cdk8s.Chart):
         serve.add_ingress_rule(any_pod_here, [_tcp(SERVE_PORT)])
         for index, cidr in enumerate(props.nlb_subnet_cidrs):
             serve.add_ingress_rule(kplus.NetworkPolicyIpBlock.ipv4(self, f"Client{index}", cidr), [_tcp(SERVE_PORT)])
+        if props.limit_egress:
+            self._egress(props, ray_pods)
+
+    def _egress(self, props: ServingNetworkProps, ray_pods: kplus.Pods) -> None:
+        egress = kplus.NetworkPolicy(
+            self, "RayEgress", metadata=cdk8s.ApiObjectMetadata(name=RAY_EGRESS_POLICY), selector=ray_pods
+        )
+        egress.add_egress_rule(ray_pods)
+        system = kplus.Namespaces.select(self, "KubeSystem", names=["kube-system"])
+        egress.add_egress_rule(system, [kplus.NetworkPolicyPort.udp(DNS_PORT), _tcp(DNS_PORT)])
+        agent = kplus.NetworkPolicyIpBlock.ipv4(self, "PodIdentityAgent", POD_IDENTITY_AGENT_CIDR)
+        egress.add_egress_rule(agent, [_tcp(POD_IDENTITY_AGENT_PORT)])
+        anywhere = kplus.NetworkPolicyIpBlock.any_ipv4(self, "Anywhere")
+        egress.add_egress_rule(anywhere, [_tcp(HTTPS_PORT)])
+        if props.gcs_store_port is not None:
+            store = kplus.NetworkPolicyIpBlock.ipv4(self, "Vpc", props.vpc_cidr) if props.vpc_cidr else anywhere
+            egress.add_egress_rule(store, [_tcp(props.gcs_store_port)])
 
 
 class MetricsAccessChart(cdk8s.Chart):

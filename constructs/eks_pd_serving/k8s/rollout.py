@@ -18,7 +18,6 @@ from constructs import Construct
 
 from .specs import PodProgram
 
-
 # A label value's limit: the Job controller labels the Job's pods with its name
 # (``batch.kubernetes.io/job-name``), and a longer one is refused when the Job is created.
 JOB_NAME_MAX = 63

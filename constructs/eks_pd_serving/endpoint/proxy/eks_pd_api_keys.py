@@ -44,7 +44,11 @@ DROPPED_LINE = "API key entry dropped"
 OPEN_PATHS = frozenset({"/-/healthz"})
 # Secrets Manager's read, bounded (botocore's defaults: 60 s to connect, 60 s to read, retried up
 # to 5 times in legacy mode, about 10 minutes): a slow answer no longer stalls the refreshes.
-READ_LIMITS: dict[str, Any] = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2, "mode": "standard"}}
+READ_LIMITS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 10,
+    "retries": {"max_attempts": 2, "mode": "standard"},
+}
 KEY_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 MIN_KEY_CHARS = 32
 # A logged path is at most this long: anyone who reaches the port, without a key, chooses it.

@@ -19,8 +19,27 @@ vLLM engines of one model. ``build_failover_app`` composes the same public piece
 - a phase that failed is skipped for ``COOLDOWN_S``; then one request probes it while the others
   keep the fallback, and its success brings the pair back to disaggregated serving by itself.
 
-Each request's path is counted (``METRIC``, tag ``path``: one of ``PATHS``) on Ray's metrics
-endpoint. It imports nothing of the package.
+What a client may send is what Ray's own builder lets through, and less:
+
+- ``kv_transfer_params`` and ``ec_transfer_params`` are the orchestrator's to set (Ray's asserts
+  they are empty; vLLM acts on them: a KV pull from any host they name). The ingress answers 400
+  to a request that carries them, and decode clears them again before any of its paths;
+- ``<model>:<adapter>`` is 404 when the model has no adapters (Ray would send it to the engines);
+- a prompt longer than ``max_model_len`` could hold at the tokenizer's longest token is 400 before
+  anything tokenizes it, and the short-prompt count runs off the event loop, over what the chat
+  template renders (tools and template options included);
+- a breaker opens only on availability (``unavailable``: no replica within ``wait_s``, a dead or
+  unavailable replica, actor or engine, a 5xx first chunk); any other error is that client's own,
+  answered with its own status, and a probe is released on every exit. A replica that fails is
+  left for another replica of the same phase before the other engine is used.
+
+Each request is counted once (``METRIC``, tag ``path``: one of ``PATHS``), on the path whose engine
+answered its first chunk, on Ray's metrics endpoint; a client's error is no path. It imports nothing
+of the package.
+
+It overrides Ray's ``_pd_handle_request`` (decode), ``_get_response`` and ``_process_llm_request``
+(ingress), and calls a few of their private helpers: ``UPSTREAM`` records a digest of each such
+upstream definition per Ray version, and a test fails when the installed Ray's differ.
 """
 
 from __future__ import annotations
@@ -34,6 +53,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray import serve
+
+# Not public in Ray 2.58: PDServingArgs (the builder's args), the request and error models the
+# ingress itself parses into (the public ones are subclasses: isinstance would miss Ray's own),
+# RawRequestInfo and the config defaults the builder applies.
 from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
@@ -43,12 +66,13 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     OpenAIHTTPException,
     to_model_metadata,
 )
-from ray.llm._internal.serve.core.ingress.ingress import OpenAiIngress, make_fastapi_ingress
 from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.llm._internal.serve.core.server.builder import build_llm_deployment
-from ray.llm._internal.serve.core.server.llm_server import LLMServer
 from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
-from ray.llm._internal.serve.serving_patterns.prefill_decode.pd_server import PDDecodeServer, PDPrefillServer
+
+# Public where Ray 2.58 makes them public (ray.serve.llm and its submodules).
+from ray.serve.llm import build_llm_deployment
+from ray.serve.llm.deployment import LLMServer, PDDecodeServer, PDPrefillServer
+from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
 from starlette.responses import JSONResponse, Response
 
 IMPORT_PATH = "eks_pd_failover:build_failover_app"
@@ -68,6 +92,78 @@ RECOVERED_LINE = "PD failover: back to"
 # The refusal's error type, which only this module sets: the ingress adds Retry-After to it alone.
 REFUSED_TYPE = "PdPairUnavailable"
 REFUSAL = "neither the decode nor the prefill engine can serve now; nothing was generated. Retry after {} s."
+
+# The orchestrator's fields, never a client's (Ray 2.58 asserts the first is empty before any
+# engine sees a request: engines/vllm/kv_transfer/base.py).
+ORCHESTRATOR_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+# What says a replica, its actor or its engine is gone, by class name anywhere in the exception's
+# MRO (Ray hands a replica's exception on as ``RayTaskError(<its class>)``, a subclass of both).
+UNAVAILABLE = frozenset(
+    {
+        "RayActorError",
+        "ActorDiedError",
+        "ActorUnavailableError",
+        "DeploymentUnavailableError",
+        "ReplicaUnavailableError",
+        "BackPressureError",
+        "EngineDeadError",
+    }
+)
+# How many replicas of one phase a request tries before the other engine, and how long it waits
+# for the router to choose another one (a phase of one replica answers at once: only the failed one).
+REPLICAS_TRIED = 2
+OTHER_REPLICA_WAIT_S = 0.25
+CHOICES_PER_TRY = 4
+# The Ray code this module overrides or calls into, by a digest of its definition's source text
+# (``upstream_digest``), per Ray version: Ray 2.58.0 (the image) and 2.60.0 (the CPU rehearsal).
+UPSTREAM_DEFINITIONS = (
+    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._pd_handle_request",
+    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._get_connector_backend",
+    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._request_prefill_token_ids",
+    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._decode_reuse_ids",
+    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDDecodeServer.__init__",
+    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_response",
+    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._process_llm_request",
+    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_model_id",
+    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_configured_serve_handle",
+    "ray/llm/_internal/serve/engines/vllm/kv_transfer/base.py:DefaultPDProtocolMixin.prepare_prefill_request",
+    "ray/llm/_internal/serve/core/ingress/utils.py:_sanitize_chat_completion_request",
+    "ray/llm/_internal/common/patches/vllm/tokenize_once.py:reuse_prompt_token_ids",
+    "ray/serve/_private/http_util.py:session_id_from_headers",
+)
+# Each version's digests, in the order of UPSTREAM_DEFINITIONS (``tools/ray_upstream.py`` prints them).
+UPSTREAM: dict[str, tuple[str, ...]] = {
+    "2.58.0": (
+        "25d933dcb258731f",
+        "a7aca6a3ab0509da",
+        "e8ac2c82b9fb2b4b",
+        "e1f056b550fc5ae0",
+        "b9c6a1dc09a21b9d",
+        "c37a21e9b356036d",
+        "f3685d5feb0dfad6",
+        "e0ad009bfc8ea78d",
+        "791af4d52064adf8",
+        "1c214d1a2102dd29",
+        "96bfbf28c3f19dff",
+        "d5a76bb160dbadad",
+        "6fb3fcb5e6335a14",
+    ),
+    "2.60.0": (
+        "6820d7b51a3fb29c",
+        "a7aca6a3ab0509da",
+        "e8ac2c82b9fb2b4b",
+        "e1f056b550fc5ae0",
+        "b9c6a1dc09a21b9d",
+        "c37a21e9b356036d",
+        "f3685d5feb0dfad6",
+        "e0ad009bfc8ea78d",
+        "791af4d52064adf8",
+        "1c214d1a2102dd29",
+        "96bfbf28c3f19dff",
+        "d5a76bb160dbadad",
+        "6fb3fcb5e6335a14",
+    ),
+}
 
 logger = logging.getLogger("ray.serve")
 
@@ -99,7 +195,12 @@ class Failover:
 
 
 class Refused(Exception):
-    """An engine did not take the request before its first chunk: nothing was sent to the client."""
+    """An engine did not take the request before its first chunk: nothing was sent to the client.
+    ``replica``: the replica that failed it (None: no replica was chosen)."""
+
+    def __init__(self, reason: str, replica: str | None = None) -> None:
+        super().__init__(reason)
+        self.replica = replica
 
 
 class Breaker:
@@ -131,49 +232,100 @@ class Breaker:
         self.open_until, self.probing = self.clock() + self.cooldown_s, False
 
     def released(self) -> None:
-        """A probe ended without a verdict (the client went away)."""
+        """A probe ended without a verdict on the engine (the client went away, or its own error)."""
         self.probing = False
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the replica, its actor or its engine is gone (``UNAVAILABLE``), not
+    that the request was wrong."""
+    return any(cls.__name__ in UNAVAILABLE for cls in type(error).__mro__)
+
+
+def error_of(chunk: Any) -> Any:
+    """The ErrorResponse a first chunk is (or begins with, when batched), else None."""
+    first = chunk[0] if isinstance(chunk, list) and chunk else chunk
+    return first if isinstance(first, ErrorResponse) else None
 
 
 def retryable(chunk: Any) -> str | None:
     """Why a first chunk means the engine did not serve (a server-side error: 5xx), or None."""
-    first = chunk[0] if isinstance(chunk, list) and chunk else chunk
-    if isinstance(first, ErrorResponse) and (first.error.code or 500) >= 500:
-        return f"HTTP {first.error.code}: {first.error.message[:200]}"
+    error = error_of(chunk)
+    if error is not None and (error.error.code or 500) >= 500:
+        return f"HTTP {error.error.code}: {error.error.message[:200]}"
     return None
 
 
 async def attempt(
-    method: Any, args: tuple[Any, ...], wait_s: float, first_s: float | None = None
+    method: Any, args: tuple[Any, ...], wait_s: float, first_s: float | None = None, tries: int = REPLICAS_TRIED
 ) -> AsyncGenerator[Any, None]:
-    """One engine's stream for ``args`` through ``method`` (a streaming handle's method), raising
-    ``Refused`` before its first chunk when no replica takes it within ``wait_s`` (Serve's
-    ``choose_replica`` bounds the router's wait and nothing else), its first chunk is a server
-    error, the replica dies first, or (``first_s``) that chunk takes longer."""
-    manager = method.choose_replica(*args)
-    try:
-        selection = await asyncio.wait_for(manager.__aenter__(), wait_s)
-    except TimeoutError:
-        raise Refused(f"no replica within {wait_s:g} s") from None
-    except Exception as error:  # DeploymentUnavailableError, a replica that died while chosen
-        raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
+    """One phase's stream for ``args`` through ``method`` (a streaming handle's method). A replica
+    that refuses before its first chunk is left for another replica of the phase (up to ``tries``
+    replicas; the router's choice of another within ``OTHER_REPLICA_WAIT_S``); ``Refused`` when none
+    serves: see ``attempt_one``. An error that is not the phase's availability passes through."""
+    failed: set[str] = set()
+    wait, first_refusal = wait_s, None
+    while True:
+        try:
+            async for chunk in attempt_one(method, args, wait, first_s, failed):
+                yield chunk
+            return
+        except Refused as refused:
+            if refused.replica is None:  # no replica (no other one): the first refusal says why
+                raise (first_refusal or refused) from None
+            if len(failed) >= tries:
+                raise
+            first_refusal = first_refusal or refused
+            wait = OTHER_REPLICA_WAIT_S
+
+
+async def attempt_one(
+    method: Any, args: tuple[Any, ...], wait_s: float, first_s: float | None = None, avoid: set[str] | None = None
+) -> AsyncGenerator[Any, None]:
+    """One replica's stream, raising ``Refused`` before its first chunk when no replica (but those in
+    ``avoid``) takes it within ``wait_s`` (Serve's ``choose_replica`` bounds the router's wait and
+    nothing else), its first chunk is a server error, the replica or its engine is gone first
+    (``unavailable``), or (``first_s``) that chunk takes longer. A replica that refused is added to
+    ``avoid``. Any other exception is the request's own and passes through."""
+    avoid = avoid if avoid is not None else set()
+    deadline = time.monotonic() + wait_s
+    for _ in range(CHOICES_PER_TRY):
+        manager = method.choose_replica(*args)
+        try:
+            selection = await asyncio.wait_for(manager.__aenter__(), max(deadline - time.monotonic(), 0.001))
+        except TimeoutError:
+            raise Refused(f"no replica within {wait_s:g} s") from None
+        except Exception as error:  # DeploymentUnavailableError, a replica that died while chosen
+            raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
+        replica = str(getattr(selection, "replica_id", "") or id(selection))
+        if replica not in avoid:
+            break
+        await manager.__aexit__(None, None, None)  # the slot goes back
+    else:
+        raise Refused(f"only replicas that already failed it: {len(avoid)}")
     failure: tuple[Any, Any, Any] = (None, None, None)
     try:
         stream = method.dispatch(selection, *args)
         try:
             first = await asyncio.wait_for(stream.__anext__(), first_s)
         except StopAsyncIteration:
-            raise Refused("ended before its first chunk") from None
+            avoid.add(replica)
+            raise Refused("ended before its first chunk", replica) from None
         except TimeoutError:
             stream.cancel()
-            raise Refused(f"no answer within {first_s:g} s") from None
-        except Exception as error:  # the replica or its engine died before answering
-            raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
+            avoid.add(replica)
+            raise Refused(f"no answer within {first_s:g} s", replica) from None
+        except Exception as error:
+            if not unavailable(error):  # the request's own error (its model, its input): not the phase's
+                raise
+            avoid.add(replica)
+            raise Refused(f"{type(error).__name__}: {error}"[:300], replica) from None
         reason = retryable(first)
         if reason is not None:
             async for _ in stream:  # drained inside the selection, as Serve asks
                 pass
-            raise Refused(reason)
+            avoid.add(replica)
+            raise Refused(reason, replica)
         yield first
         async for chunk in stream:
             yield chunk
@@ -195,6 +347,16 @@ class _Counter:
     def count(self, path: str) -> None:
         self.counter.inc(tags={"path": path})
 
+    async def counted(self, path: str, chunks: AsyncGenerator[Any, None]) -> AsyncGenerator[Any, None]:
+        """``chunks``, counted on ``path`` once its first chunk is an answer (not an error: a 5xx
+        is served again elsewhere and counted there, a 4xx is the client's and no path)."""
+        first = True
+        async for chunk in chunks:
+            if first and error_of(chunk) is None:
+                self.count(path)
+            first = False
+            yield chunk
+
 
 def _method(request: Any) -> str:
     if isinstance(request, ChatCompletionRequest):
@@ -204,12 +366,133 @@ def _method(request: Any) -> str:
     raise ValueError(f"Unsupported request type: {type(request)}")
 
 
-class FailoverPrefillServer(PDPrefillServer):  # type: ignore[misc]
+def bad_request(message: str, param: str | None = None) -> ErrorResponse:
+    return ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", code=400, param=param))
+
+
+def visible_chars(request: Any) -> int:
+    """The prompt's characters but whitespace, a lower bound of what any chat template renders of
+    it (templates add and may trim whitespace; they keep every other character of a message)."""
+    texts: list[str] = []
+    if isinstance(request, ChatCompletionRequest):
+        for message in request.messages:
+            content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, list):
+                texts += [p.get("text") or "" for p in content if isinstance(p, dict)]
+    elif isinstance(request.prompt, str):
+        texts.append(request.prompt)
+    elif isinstance(request.prompt, list):
+        texts += [p for p in request.prompt if isinstance(p, str)]
+    return sum(len("".join(text.split())) for text in texts)
+
+
+def too_long(request: Any, chars_limit: int | None) -> ErrorResponse | None:
+    """400 when the prompt's characters (``visible_chars``) exceed ``chars_limit``, else None."""
+    if chars_limit is None:
+        return None
+    chars = visible_chars(request)
+    if chars <= chars_limit:
+        return None
+    return bad_request(
+        f"The prompt has {chars} characters (whitespace aside), more than this model's max_model_len tokens can "
+        f"hold (at most {chars_limit} characters). Shorten it.",
+        "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+    )
+
+
+async def _one(chunk: Any) -> AsyncGenerator[Any, None]:
+    yield chunk
+
+
+class _Prompts:
+    """What both engines check of a prompt before any tokenizer reads it, and its token count off
+    the event loop. Mixed into the two servers (``self.engine``, ``self._llm_config``: LLMServer's)."""
+
+    _longest_token: int | None = None
+
+    def _tokenizer(self) -> Any:
+        return self.engine._engine_client.tokenizer  # type: ignore[attr-defined]
+
+    def _max_model_len(self) -> int | None:
+        configured = self._llm_config.engine_kwargs.get("max_model_len")  # type: ignore[attr-defined]
+        if configured:
+            return int(configured)
+        try:
+            return int(self.engine._engine_client.model_config.max_model_len)  # type: ignore[attr-defined]
+        except Exception:
+            return None
+
+    async def prompt_chars_limit(self) -> int | None:
+        """The most characters (whitespace aside) a prompt that fits ``max_model_len`` tokens can
+        have: ``max_model_len`` times the tokenizer's longest token. None when unknown. The ingress
+        asks decode for it once, to refuse a longer prompt before it crosses to an engine."""
+        limit = self._max_model_len()
+        if limit is None:
+            return None
+        if self._longest_token is None:
+            try:
+                vocab = await asyncio.to_thread(lambda: self._tokenizer().get_vocab())
+                self._longest_token = max(len(token) for token in vocab) or 1
+            except Exception:
+                return None
+        return limit * self._longest_token
+
+    async def _oversized(self, request: Any) -> ErrorResponse | None:
+        """400 for a prompt that cannot fit ``max_model_len`` tokens (``prompt_chars_limit``): no
+        tokenizer reads it. None when it may fit, or when the bound is unknown."""
+        return too_long(request, await self.prompt_chars_limit())
+
+    async def _prompt_tokens(self, request: Any) -> int | None:
+        """The prompt's length by this engine's tokenizer over what the chat template renders (the
+        request's tools and template options included), in a thread; None if unknown. Ray's
+        ``tokenize`` is refused for generation models, so the tokenizer is vLLM's own."""
+        try:
+            tokenizer = self._tokenizer()
+            if isinstance(request, ChatCompletionRequest):
+                messages = [m if isinstance(m, dict) else m.model_dump() for m in request.messages]
+                options: dict[str, Any] = dict(request.chat_template_kwargs or {})
+                if request.tools:
+                    options["tools"] = [t if isinstance(t, dict) else t.model_dump() for t in request.tools]
+                if getattr(request, "documents", None):
+                    options["documents"] = request.documents
+                options.update(
+                    add_generation_prompt=request.add_generation_prompt,
+                    continue_final_message=request.continue_final_message,
+                )
+
+                def count() -> int:
+                    text = tokenizer.apply_chat_template(messages, tokenize=False, **options)
+                    return len(tokenizer.encode(text, add_special_tokens=False))
+
+            elif isinstance(request.prompt, str):
+                prompt = request.prompt
+
+                def count() -> int:
+                    return len(tokenizer.encode(prompt, add_special_tokens=False))
+
+            else:  # token ids, or several prompts: the standard path
+                return None
+            return await asyncio.to_thread(count)
+        except Exception:  # unknown length: the standard path
+            return None
+
+
+class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
     """Ray's prefill server; a request without ``kv_transfer_params`` (the ingress's fallback) is
-    served whole by its engine, as any LLMServer serves it."""
+    served whole by its engine, as any LLMServer serves it, once its prompt may fit."""
+
+    async def chat(self, request: Any, raw_request_info: Any = None) -> Any:
+        refusal = await self._oversized(request)
+        return _one(refusal) if refusal is not None else await super().chat(request, raw_request_info)
+
+    async def completions(self, request: Any, raw_request_info: Any = None) -> Any:
+        refusal = await self._oversized(request)
+        return _one(refusal) if refusal is not None else await super().completions(request, raw_request_info)
 
 
-class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
+class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
     """Ray's decode orchestrator, prefilling locally when prefill cannot, or when the prompt is short."""
 
     async def __init__(  # type: ignore[misc]  # Serve's async constructor, as Ray's PDDecodeServer has
@@ -220,30 +503,37 @@ class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
         self._paths = _Counter()
         await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
 
-    async def _prompt_tokens(self, request: Any) -> int | None:
-        """The prompt's length by this engine's tokenizer (chat template included), None if unknown.
-        Ray's ``tokenize`` is refused for generation models ("does not support the 'tokenization'
-        task"), so the tokenizer is vLLM's own, from the engine client."""
-        try:
-            tokenizer = self.engine._engine_client.tokenizer
-            if isinstance(request, ChatCompletionRequest):
-                messages = [m if isinstance(m, dict) else m.model_dump() for m in request.messages]
-                text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            elif isinstance(request.prompt, str):
-                text = request.prompt
-            else:  # token ids, or several prompts: the standard path
-                return None
-            return len(tokenizer.encode(text, add_special_tokens=False))
-        except Exception:  # unknown length: the standard path
-            return None
+    def _local(self, method: str, request: Any, raw: Any, path: str) -> AsyncGenerator[Any, None]:
+        async def chunks() -> AsyncGenerator[Any, None]:
+            async for chunk in await getattr(LLMServer, method)(self, request, raw):
+                yield chunk
 
-    async def _local(self, method: str, request: Any, raw: Any, path: str) -> AsyncGenerator[Any, None]:
-        self._paths.count(path)
-        async for chunk in await getattr(LLMServer, method)(self, request, raw):
-            yield chunk
+        return self._paths.counted(path, chunks())
+
+    def _prefill_method(self, method: str, raw_request_info: Any) -> Any:
+        """The prefill handle's method with the client's session (Ray's own orchestrator keeps it:
+        Serve carries no session over a second hop) and adapter."""
+        handle = self._prefill_handle
+        if raw_request_info is not None:
+            from ray.serve._private.http_util import session_id_from_headers
+
+            session_id = session_id_from_headers(raw_request_info.headers)
+            if session_id:
+                handle = handle.options(session_id=session_id)
+        adapter = serve.get_multiplexed_model_id()
+        if adapter:
+            handle = handle.options(multiplexed_model_id=adapter)
+        return getattr(handle, method)
 
     async def _pd_handle_request(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
         method = _method(request)
+        for field in ORCHESTRATOR_FIELDS:  # the ingress refuses them; never an engine's from a client
+            if getattr(request, field, None) is not None:
+                setattr(request, field, None)
+        refusal = await self._oversized(request)
+        if refusal is not None:
+            yield refusal
+            return
         failover = self._failover
         if failover.short_prompt_tokens:
             tokens = await self._prompt_tokens(request)
@@ -255,40 +545,44 @@ class FailoverDecodeServer(PDDecodeServer):  # type: ignore[misc]
             async for chunk in self._local(method, request, raw_request_info, "local_prefill"):
                 yield chunk
             return
-        backend = self._get_connector_backend()
-        prefill_request = backend.prepare_prefill_request(request=request, peer=None)
-        self._request_prefill_token_ids(prefill_request)
-        prefill = getattr(self._prefill_handle, method)
-        chunks = attempt(prefill, (prefill_request, raw_request_info), failover.wait_s, failover.prefill_timeout_s)
-        try:
+        prefill_chunk = None
+        try:  # the probe, if this is one, is settled on every exit
+            backend = self._get_connector_backend()
+            prefill_request = backend.prepare_prefill_request(request=request, peer=None)
+            self._request_prefill_token_ids(prefill_request)
+            chunks = attempt(
+                self._prefill_method(method, raw_request_info),
+                (prefill_request, raw_request_info),
+                failover.wait_s,
+                failover.prefill_timeout_s,
+            )
             try:
                 prefill_chunk = await chunks.__anext__()
-            except Refused as refused:
-                self._prefill.failed(str(refused))
-                prefill_chunk = None
-            except StopAsyncIteration:
-                self._prefill.failed("no answer")
-                prefill_chunk = None
-            except BaseException:
-                self._prefill.released()
-                raise
-            if prefill_chunk is None or isinstance(prefill_chunk, ErrorResponse):
-                if isinstance(prefill_chunk, ErrorResponse):  # a 4xx: the request itself, decode says the same
-                    self._prefill.succeeded()
-                async for chunk in self._local(method, request, raw_request_info, "local_prefill"):
-                    yield chunk
-                return
-            self._prefill.succeeded()
-            async for _ in chunks:  # prefill answers one token: drained inside its selection
-                pass
-        finally:
-            await chunks.aclose()
-        self._paths.count("disaggregated")
+                async for _ in chunks:  # prefill answers one token: drained inside its selection
+                    pass
+            finally:
+                await chunks.aclose()
+        except Refused as refused:
+            self._prefill.failed(str(refused))
+        except StopAsyncIteration:
+            self._prefill.failed("no answer")
+        except BaseException:
+            self._prefill.released()
+            raise
+        if prefill_chunk is None:
+            async for chunk in self._local(method, request, raw_request_info, "local_prefill"):
+                yield chunk
+            return
+        self._prefill.succeeded()
+        if error_of(prefill_chunk) is not None:  # a 4xx (5xx are refused): the client's, as Ray answers it
+            yield prefill_chunk
+            return
         decode_request = backend.prepare_decode_request(request=request, peer=None, prefill_response=prefill_chunk)
         from ray.llm._internal.common.patches.vllm.tokenize_once import reuse_prompt_token_ids
 
         with reuse_prompt_token_ids(self._decode_reuse_ids(prefill_chunk)):
-            async for chunk in await getattr(LLMServer, method)(self, decode_request, raw_request_info):
+            stream = await getattr(LLMServer, method)(self, decode_request, raw_request_info)
+            async for chunk in self._paths.counted("disaggregated", stream):
                 yield chunk
 
 
@@ -302,13 +596,44 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         *,
         prefill_servers: dict[str, Any],
         failover: dict[str, Any],
+        adapters: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(llm_deployments, model_cards, **kwargs)
         self._failover = Failover.parse(failover)
         self._whole = {model: handle.options(stream=True) for model, handle in prefill_servers.items()}
+        self._adapters = frozenset(adapters)
         self._decode = Breaker("decode")
         self._paths = _Counter()
+        self._chars_limits: dict[str, int | None] = {}
+
+    async def _chars_limit(self, model: str, decode: Any) -> int | None:
+        """Decode's ``prompt_chars_limit`` for ``model``, asked once (None, and asked again later,
+        when decode cannot answer within ``wait_s``: then the engines check it themselves)."""
+        if model not in self._chars_limits:
+            try:
+                limit = await asyncio.wait_for(
+                    decode.options(stream=False).prompt_chars_limit.remote(), self._failover.wait_s
+                )
+            except Exception:
+                return None
+            self._chars_limits[model] = limit
+        return self._chars_limits[model]
+
+    def _client_refusal(self, body: Any) -> JSONResponse | None:
+        """What this ingress answers itself, before any engine: 400 for the orchestrator's fields,
+        404 for an adapter of a model that has none."""
+        for field in ORCHESTRATOR_FIELDS:
+            if getattr(body, field, None) is not None:
+                message = f"'{field}' is set by the server between its engines; a request may not carry it."
+                return _error_response(400, message, "BadRequestError", field)
+        model = getattr(body, "model", None)
+        if isinstance(model, str) and ":" in model:
+            base = model.split(":", 1)[0]
+            if base in self._whole and base not in self._adapters:
+                message = f"The model '{model}' does not exist: '{base}' serves no adapters."
+                return _error_response(404, message, "NotFoundError", "model")
+        return None
 
     async def _get_response(self, *, body: Any, call_method: str, raw_request: Any = None) -> AsyncGenerator[Any, None]:
         if call_method not in ("chat", "completions"):
@@ -318,6 +643,8 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         model_id = await self._get_model_id(body.model)
         decode = self._get_configured_serve_handle(model_id)
         whole = self._whole[model_id.split(":", 1)[0]]
+        if model_id != model_id.split(":", 1)[0]:
+            whole = whole.options(multiplexed_model_id=model_id)
         if raw_request is not None:
             from ray.serve._private.http_util import session_id_from_headers
 
@@ -328,6 +655,10 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
             body = _sanitize_chat_completion_request(body)
+        refusal = too_long(body, await self._chars_limit(model_id.split(":", 1)[0], decode))
+        if refusal is not None:  # before it crosses to any engine
+            yield refusal
+            return
         raw = RawRequestInfo.from_starlette_request(raw_request) if raw_request is not None else None
         wait_s, reasons = self._failover.wait_s, []
         if self._decode.admit():
@@ -349,9 +680,13 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             logger.warning("%s: refused a request (HTTP 503): %s", FALLBACK_LINE, "; ".join(reasons))
             yield ErrorResponse(error=ErrorInfo(message=REFUSAL.format(int(COOLDOWN_S)), type=REFUSED_TYPE, code=503))
             return
-        self._paths.count("prefill_whole")
-        yield first
-        async for chunk in chunks:
+
+        async def rest() -> AsyncGenerator[Any, None]:
+            yield first
+            async for chunk in chunks:
+                yield chunk
+
+        async for chunk in self._paths.counted("prefill_whole", rest()):
             yield chunk
 
     @staticmethod
@@ -361,7 +696,7 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             first = await chunks.__anext__()
         except Refused:
             raise
-        except BaseException:
+        except BaseException:  # the client's own error, or the client went away: no verdict
             breaker.released()
             raise
         breaker.succeeded()
@@ -370,17 +705,25 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             yield chunk
 
     async def _process_llm_request(self, body: Any, call_method: str, raw_request: Any = None) -> Response:
-        """Ray's, with the refusal as HTTP 503 and ``Retry-After`` (Ray's error path sets no header)."""
+        """Ray's, after ``_client_refusal``, with the refusal as HTTP 503 and ``Retry-After`` (Ray's
+        error path sets no header)."""
+        refusal = self._client_refusal(body)
+        if refusal is not None:
+            return refusal
         try:
             return await super()._process_llm_request(body, call_method, raw_request)
         except OpenAIHTTPException as error:
             if error.status_code != 503 or error.type != REFUSED_TYPE:
                 raise
-            return JSONResponse(
-                status_code=503,
-                content={"error": {"message": error.message, "type": REFUSED_TYPE, "code": 503}},
-                headers={"Retry-After": str(int(COOLDOWN_S))},
-            )
+            return _error_response(503, error.message, REFUSED_TYPE, None, {"Retry-After": str(int(COOLDOWN_S))})
+
+
+def _error_response(
+    code: int, message: str, kind: str, param: str | None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """OpenAI's error shape, which its SDKs turn into the matching exception."""
+    content = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(status_code=code, content=content, headers=headers)
 
 
 def build_failover_app(args: dict[str, Any]) -> Any:
@@ -409,4 +752,5 @@ def build_failover_app(args: dict[str, Any]) -> Any:
         model_cards={model_id: to_model_metadata(model_id, pd.decode_config)},
         prefill_servers={model_id: prefill},
         failover=failover.as_args(),
+        adapters=(model_id,) if pd.decode_config.lora_config is not None else (),
     )

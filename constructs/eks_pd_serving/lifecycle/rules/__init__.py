@@ -40,6 +40,8 @@ from .updates import (
     old_pods_keep_what_they_mount,
     pruned_objects_leave,
     waited_jobs_are_pruned,
+    waited_jobs_fit_their_names,
+    waited_jobs_leave_after_they_finish,
     waited_jobs_move_with_what_they_apply,
 )
 
@@ -74,6 +76,8 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         block_end_failures_are_kept_and_alarmed,
         checks_never_refuse_a_rollback,
         waited_jobs_are_pruned,
+        waited_jobs_leave_after_they_finish,
+        waited_jobs_fit_their_names,
     )
 }
 
@@ -116,6 +120,8 @@ __all__ = [
     "system_budget",
     "system_nodes_hold_their_pods",
     "waited_jobs_are_pruned",
+    "waited_jobs_fit_their_names",
+    "waited_jobs_leave_after_they_finish",
     "waited_jobs_move_with_what_they_apply",
     "workloads_follow_their_nodes",
 ]

@@ -137,6 +137,37 @@ def waited_jobs_are_pruned(model: StackModel) -> list[Finding]:
     ]
 
 
+# A label value's limit: the Job controller copies a Job's name into its pods' labels.
+JOB_NAME_MAX = 63
+# A waited Job must outlive the deploy's reads of it after it finished (the remaining wait steps,
+# seconds apart) and be gone before a next deploy, the earliest after a rollback of the one it failed.
+FINISHED_TTL_MIN_S = 120
+
+
+def waited_jobs_leave_after_they_finish(model: StackModel) -> list[Finding]:
+    """A Job the deploy waits on is removed by Kubernetes once finished
+    (``ttlSecondsAfterFinished`` between ``FINISHED_TTL_MIN_S`` and one wait step): a failed Job
+    that a rollback to a release without pruning left in place would otherwise be applied unchanged
+    by the next deploy, which then waits out its steps on a Job that never runs again."""
+    rule = "waited_jobs_leave_after_they_finish"
+    found = []
+    for name, (manifest, job) in sorted(_waited_jobs(model).items()):
+        ttl = job.body.get("spec", {}).get("ttlSecondsAfterFinished")
+        longest = max((int(r.properties.get("TimeoutSeconds", 0) or 0) for r in model.of_type(WAIT)), default=0)
+        if not isinstance(ttl, int) or not FINISHED_TTL_MIN_S <= ttl <= max(longest, FINISHED_TTL_MIN_S):
+            found.append(Finding(rule, manifest, f"Job {name} stays once finished (ttlSecondsAfterFinished {ttl})"))
+    return found
+
+
+def waited_jobs_fit_their_names(model: StackModel) -> list[Finding]:
+    """A Job's name fits a label value (``JOB_NAME_MAX``): a longer one is refused at apply."""
+    return [
+        Finding("waited_jobs_fit_their_names", manifest, f"Job {name} has {len(name)} characters, over {JOB_NAME_MAX}")
+        for name, (manifest, _) in sorted(_waited_jobs(model).items())
+        if len(name) > JOB_NAME_MAX
+    ]
+
+
 def _cluster_config(model: StackModel) -> dict[str, object]:
     return {
         obj.name: obj.body.get("spec", {}).get("rayClusterConfig")
