@@ -125,7 +125,7 @@ async def main() -> None:
 
     # Two replicas, one refusing: every request is served by the other, none refused.
     two = handle("one_of_two")
-    for _ in range(12):
+    for _ in range(40):  # the router picks one of two at random: a 1-in-16 slip would show here
         assert await collect(two) == ["q:1", "q:2", "q:3"]
     reason, took = await refused(handle("503"), wait_s=2.0)
     assert reason.startswith("HTTP 503") and took < 1.5, (reason, took)  # one replica: no wait for another
@@ -148,6 +148,19 @@ async def main() -> None:
     breaker.succeeded()
     assert breaker.admit() and breaker.admit()
     print("ok breaker: skipped for the cooldown, then one probe at a time, closed by a success")
+
+    from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+    def chat(*messages: tuple[str, str]) -> Any:
+        return ChatCompletionRequest(model="m", messages=[{"role": r, "content": c} for r, c in messages])
+
+    assert failover.prompt_chars(chat(("system", "  sys  "), ("user", "hello\n"), ("assistant", "x" * 999))) == 8
+    assert failover.too_long(chat(("user", "a" * 100)), 100) is None  # fits: never refused at the bound
+    refusal = failover.too_long(chat(("user", "a" * 101)), 100)
+    assert refusal is not None and refusal.error.code == 400 and refusal.error.param == "messages"
+    assert failover.too_long(CompletionRequest(model="m", prompt="b" * 101), 100).error.param == "prompt"
+    assert failover.too_long(chat(("user", "a" * 10**6)), None) is None  # no bound known: the engine decides
+    print("ok a prompt past max_model_len at the longest token is 400 before any tokenizer; one within is not")
 
     for bad in (None, {"wait_s": 0, "prefill_timeout_s": 1}, {"wait_s": 1, "prefill_timeout_s": 1, "x": 1}):
         try:

@@ -19,6 +19,7 @@ EXPECTED = (
     "a client's own error passes through as itself, not as the engine's unavailability",
     "a replica that refuses is left for another replica of its phase; with one, refused at once",
     "breaker: skipped for the cooldown, then one probe at a time, closed by a success",
+    "a prompt past max_model_len at the longest token is 400 before any tokenizer; one within is not",
     "the builder's args are checked",
 )
 

@@ -85,6 +85,12 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     print(result.stdout[-6000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS: every request's KV came from prefill over NIXL" in result.stdout
+    # What a client may not do (issue 56): each refused before an engine acts on it.
+    assert "PASS: client transfer params: [400] for 8 requests, 0 connections to the listener" in result.stdout
+    assert "PASS: an adapter id without adapters: HTTP 404; the next request HTTP 200 on {'disaggregated'" in (
+        result.stdout
+    )
+    assert "PASS: a 2 MB chat: HTTP [400]" in result.stdout
     assert "+            - UCX" in result.stdout or "+        - UCX" in result.stdout  # the diff was shown
     assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local autoscaling change, shown
     report = json.loads((tmp_path / "report.json").read_text())

@@ -1,7 +1,7 @@
 """The lifecycle rules over every variant of the template, each shown failing on the template as
 it was before its fix (tests/fixtures/lifecycle/before-fixes/, synthesized from commit f41ff6f
-with the same settings; before-runtime-fixes/ from 1952631; before-rollout-fixes/ from 3b67cfd; before-failover-fixes/ from 0a5e276),
-and the model itself on small hand-written templates."""
+with the same settings; before-runtime-fixes/ from 1952631; before-rollout-fixes/ from 3b67cfd;
+before-failover-fixes/ from 0a5e276), and the model itself on small hand-written templates."""
 
 from __future__ import annotations
 

@@ -49,8 +49,9 @@ def on_schedule(
     if action == WARN:
         message = (
             f"Capacity Block {rid} ends {end.isoformat()}. The {group} GPU node group of {event['cluster']} scales to "
-            f"zero at {scale_down.isoformat()}; from then until a deploy brings nodes back, requests to that phase "
-            "wait in Serve's queue until the client gives up. Fix: buy an extension "
+            f"zero at {scale_down.isoformat()}; from then until a deploy brings nodes back, the other engine serves "
+            "every request whole at its own capacity (pd_failover; with pd_failover=false they wait in Serve's "
+            "queue until the client gives up). Fix: buy an extension "
             "(aws ec2 purchase-capacity-block-extension), or deploy with its capacity setting on another option."
         )
         _publish(clients["sns"], event.get("topic", ""), f"Capacity Block {rid} ends soon", message)

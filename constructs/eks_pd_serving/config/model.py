@@ -155,7 +155,12 @@ class DeploymentConfig(Settings, FieldRules):
                 found.append(
                     f"{derived.capacity_setting(self, group)}=spot has no on-demand floor: one spot interruption (two "
                     f"minutes' notice) can take every {group.name} node at once, and until EC2 has spot capacity again "
-                    f"requests wait in Serve's queue for a {group.name} replica (decode, on-demand, keeps its streams)."
+                    + (
+                        "the other engine serves every request whole, at its capacity (pd_failover)."
+                        if self.pd_failover
+                        else f"requests wait in Serve's queue for a {group.name} replica (decode, on-demand, keeps its "
+                        "streams)."
+                    )
                 )
             if capacity.kind == "capacity-block" and not self.alarm_email:
                 found.append(

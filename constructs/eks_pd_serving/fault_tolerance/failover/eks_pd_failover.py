@@ -289,20 +289,27 @@ async def attempt_one(
     ``avoid``. Any other exception is the request's own and passes through."""
     avoid = avoid if avoid is not None else set()
     deadline = time.monotonic() + wait_s
-    for _ in range(CHOICES_PER_TRY):
-        manager = method.choose_replica(*args)
-        try:
-            selection = await asyncio.wait_for(manager.__aenter__(), max(deadline - time.monotonic(), 0.001))
-        except TimeoutError:
-            raise Refused(f"no replica within {wait_s:g} s") from None
-        except Exception as error:  # DeploymentUnavailableError, a replica that died while chosen
-            raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
-        replica = str(getattr(selection, "replica_id", "") or id(selection))
-        if replica not in avoid:
-            break
-        await manager.__aexit__(None, None, None)  # the slot goes back
-    else:
-        raise Refused(f"only replicas that already failed it: {len(avoid)}")
+    # A replica to avoid that the router chose is held until another is chosen: its reserved slot
+    # makes the router's next choice (the less loaded of two) the other replica.
+    held: list[Any] = []
+    try:
+        for _ in range(CHOICES_PER_TRY):
+            manager = method.choose_replica(*args)
+            try:
+                selection = await asyncio.wait_for(manager.__aenter__(), max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                raise Refused(f"no replica within {wait_s:g} s") from None
+            except Exception as error:  # DeploymentUnavailableError, a replica that died while chosen
+                raise Refused(f"{type(error).__name__}: {error}"[:300]) from None
+            replica = str(getattr(selection, "replica_id", "") or id(selection))
+            if replica not in avoid:
+                break
+            held.append(manager)
+        else:
+            raise Refused(f"only replicas that already failed it: {len(avoid)}")
+    finally:
+        for manager_held in held:  # the slots go back
+            await manager_held.__aexit__(None, None, None)
     failure: tuple[Any, Any, Any] = (None, None, None)
     try:
         stream = method.dispatch(selection, *args)
@@ -370,13 +377,18 @@ def bad_request(message: str, param: str | None = None) -> ErrorResponse:
     return ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", code=400, param=param))
 
 
-def visible_chars(request: Any) -> int:
-    """The prompt's characters but whitespace, a lower bound of what any chat template renders of
-    it (templates add and may trim whitespace; they keep every other character of a message)."""
+def prompt_chars(request: Any) -> int:
+    """A lower bound of the characters any chat template renders of the prompt, in O(1) per
+    message: each system, user or tool message's text but its leading and trailing whitespace
+    (templates trim its ends at most; an assistant message is left out: templates may drop its
+    reasoning), or the completion prompt's."""
     texts: list[str] = []
     if isinstance(request, ChatCompletionRequest):
         for message in request.messages:
-            content = message.get("content") if isinstance(message, dict) else getattr(message, "content", None)
+            get = message.get if isinstance(message, dict) else lambda key, m=message: getattr(m, key, None)
+            if get("role") == "assistant":
+                continue
+            content = get("content")
             if isinstance(content, str):
                 texts.append(content)
             elif isinstance(content, list):
@@ -385,18 +397,18 @@ def visible_chars(request: Any) -> int:
         texts.append(request.prompt)
     elif isinstance(request.prompt, list):
         texts += [p for p in request.prompt if isinstance(p, str)]
-    return sum(len("".join(text.split())) for text in texts)
+    return sum(len(text.strip()) for text in texts)
 
 
 def too_long(request: Any, chars_limit: int | None) -> ErrorResponse | None:
-    """400 when the prompt's characters (``visible_chars``) exceed ``chars_limit``, else None."""
+    """400 when the prompt's characters (``prompt_chars``) exceed ``chars_limit``, else None."""
     if chars_limit is None:
         return None
-    chars = visible_chars(request)
+    chars = prompt_chars(request)
     if chars <= chars_limit:
         return None
     return bad_request(
-        f"The prompt has {chars} characters (whitespace aside), more than this model's max_model_len tokens can "
+        f"The prompt has {chars} characters, more than this model's max_model_len tokens can "
         f"hold (at most {chars_limit} characters). Shorten it.",
         "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
     )
@@ -425,9 +437,9 @@ class _Prompts:
             return None
 
     async def prompt_chars_limit(self) -> int | None:
-        """The most characters (whitespace aside) a prompt that fits ``max_model_len`` tokens can
-        have: ``max_model_len`` times the tokenizer's longest token. None when unknown. The ingress
-        asks decode for it once, to refuse a longer prompt before it crosses to an engine."""
+        """The most characters a prompt that fits ``max_model_len`` tokens can have: ``max_model_len``
+        times the tokenizer's longest token. None when unknown. The ingress asks decode for it once,
+        to refuse a longer prompt before it crosses to an engine."""
         limit = self._max_model_len()
         if limit is None:
             return None
