@@ -39,7 +39,7 @@ POD_START_S = WAIT_S
 # How long Kubernetes keeps a finished Job (the Job's ``ttlSecondsAfterFinished``): the deploy's
 # waits after its success read it within seconds; a failed one that a rollback to a version that
 # did not prune it left behind is gone before the next deploy applies it again and waits on it.
-FINISHED_TTL_S = 10 * 60
+FINISHED_TTL_S = 5 * 60
 
 
 def deadline_s(checkpoint_bytes: int | None, image_gib: float) -> int:
