@@ -22,9 +22,14 @@ def recorded() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
     tree = ast.parse(FAILOVER.read_text())
     values = {}
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        if isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
         if isinstance(target, ast.Name) and target.id in ("UPSTREAM_DEFINITIONS", "UPSTREAM"):
-            values[target.id] = ast.literal_eval(node.value)  # type: ignore[union-attr,arg-type]
+            values[target.id] = ast.literal_eval(value)
     return tuple(values["UPSTREAM_DEFINITIONS"]), dict(values["UPSTREAM"])
 
 
