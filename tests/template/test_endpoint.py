@@ -275,8 +275,9 @@ def test_the_evaluator_sees_a_broken_policy_set() -> None:
 # --- every new object is valid Kubernetes 1.35 ------------------------------------------------
 def test_new_objects_validate_against_the_kubernetes_schema(internal: dict[str, Any]) -> None:
     new = [o for o in kubernetes_objects(internal) if o["kind"] in ("NetworkPolicy", "Service", "Namespace")]
-    # Namespace, Service, five NetworkPolicies (the metrics scraper's with observability).
-    assert {o["kind"] for o in new} == {"NetworkPolicy", "Service", "Namespace"} and len(new) == 7
+    # Namespace, Service, six NetworkPolicies (the metrics scraper's with observability; the Ray
+    # pods' egress).
+    assert {o["kind"] for o in new} == {"NetworkPolicy", "Service", "Namespace"} and len(new) == 8
     for obj in new:
         kubernetes_validate.validate(obj, desired_version=KUBERNETES_SCHEMA, strict=True)
 
