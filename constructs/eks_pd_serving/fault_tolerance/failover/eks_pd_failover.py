@@ -618,19 +618,24 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         self._decode = Breaker("decode")
         self._paths = _Counter()
         self._chars_limits: dict[str, int | None] = {}
+        self._ask_limit_after = 0.0
 
     async def _chars_limit(self, model: str, decode: Any) -> int | None:
-        """Decode's ``prompt_chars_limit`` for ``model``, asked once (None, and asked again later,
-        when decode cannot answer within ``wait_s``: then the engines check it themselves)."""
-        if model not in self._chars_limits:
-            try:
-                limit = await asyncio.wait_for(
-                    decode.options(stream=False).prompt_chars_limit.remote(), self._failover.wait_s
-                )
-            except Exception:
-                return None
-            self._chars_limits[model] = limit
-        return self._chars_limits[model]
+        """Decode's ``prompt_chars_limit`` for ``model``, asked once while decode is believed up
+        (None meanwhile: the engines check it themselves). A failed ask is not repeated for
+        ``COOLDOWN_S``, so a decode outage never delays every request by an ask."""
+        if model in self._chars_limits:
+            return self._chars_limits[model]
+        if self._decode.open_until is not None or time.monotonic() < self._ask_limit_after:
+            return None
+        try:
+            answer = decode.options(stream=False).prompt_chars_limit.remote()
+            limit: int | None = await asyncio.wait_for(answer, self._failover.wait_s)
+        except Exception:
+            self._ask_limit_after = time.monotonic() + COOLDOWN_S
+            return None
+        self._chars_limits[model] = limit
+        return limit
 
     def _client_refusal(self, body: Any) -> JSONResponse | None:
         """What this ingress answers itself, before any engine: 400 for the orchestrator's fields,
