@@ -151,10 +151,10 @@ def waited_jobs_leave_after_they_finish(model: StackModel) -> list[Finding]:
     by the next deploy, which then waits out its steps on a Job that never runs again."""
     rule = "waited_jobs_leave_after_they_finish"
     found = []
+    step = max((int(r.properties.get("TimeoutSeconds", 0) or 0) for r in model.of_type(WAIT)), default=0)
     for name, (manifest, job) in sorted(_waited_jobs(model).items()):
         ttl = job.body.get("spec", {}).get("ttlSecondsAfterFinished")
-        longest = max((int(r.properties.get("TimeoutSeconds", 0) or 0) for r in model.of_type(WAIT)), default=0)
-        if not isinstance(ttl, int) or not FINISHED_TTL_MIN_S <= ttl <= max(longest, FINISHED_TTL_MIN_S):
+        if not isinstance(ttl, int) or not FINISHED_TTL_MIN_S <= ttl <= max(step, FINISHED_TTL_MIN_S):
             found.append(Finding(rule, manifest, f"Job {name} stays once finished (ttlSecondsAfterFinished {ttl})"))
     return found
 
