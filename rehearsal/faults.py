@@ -63,7 +63,8 @@ from typing import Any
 import httpx
 import psutil
 
-from eks_pd_serving.fault_tolerance import auth, failover, kv_guard, runbook
+from eks_pd_serving.fault_tolerance import auth, kv_guard, runbook
+from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.observability import catalogue as om
 
 from . import gpu_profile, local_aws, profile, qwen35_checkpoint, tiny_checkpoint
@@ -105,6 +106,14 @@ FAULTS = ("decode", "prefill", "kv", "replace", "update", "gcs")
 REQUEST_ID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 REPLACED = "decode replica replaced by the runbook's command"
 REDEPLOYED = "serve config redeployed"
+# The update fault's changes, in order (``_changed``), by the name each fault has.
+UPDATES = {
+    "prefill": "prefill engine setting",
+    "decode": "decode engine setting",
+    "both": "both phases' max_model_len",
+    "autoscaling": "decode autoscaling target",
+    "failover": "failover wait",
+}
 CONTROL_OUTCOME = "control_outcome"  # an answer of the colocated control under load (--control-load-s)
 
 
@@ -409,14 +418,55 @@ def _disaggregated_again(load: Load, at: float, bound_s: float) -> None:
         previous = current
 
 
-def _changed(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
-    """The serve config with one engine setting of ``phase`` changed, as a user's next deploy
-    would change it: ``max_num_seqs`` one lower (greedy answers do not depend on it)."""
+def _changed(serve_config: dict[str, Any], change: str) -> dict[str, Any]:
+    """The serve config as a user's next deploy would change it (``UPDATES``): ``prefill`` or
+    ``decode``: that engine's ``max_num_seqs`` one lower (greedy answers do not depend on it);
+    ``both``: the model's ``max_model_len`` 64 lower, in both engines and the ingress's card, with the
+    phases' pair key changed as synth changes it; ``autoscaling``: decode's autoscaling target;
+    ``failover``: the failover's replica wait."""
     changed = copy.deepcopy(serve_config)
-    (app,) = changed["applications"]
-    engine = app["args"][f"{phase}_config"]["engine_kwargs"]
-    engine["max_num_seqs"] = max(1, int(engine.get("max_num_seqs", 8)) - 1)
+    if change in ("prefill", "decode"):
+        engine = layout.llm_config(changed, change)["engine_kwargs"]
+        engine["max_num_seqs"] = max(1, int(engine.get("max_num_seqs", 8)) - 1)
+    elif change == "both":
+        for app in changed["applications"]:
+            args = app["args"]
+            for _, llm in layout.phase_llm_configs({"applications": [app]}):
+                llm["engine_kwargs"]["max_model_len"] -= 64
+            if "pair" in args:
+                args["pair"] = f"{args['pair']}-{change}"
+            for model in args.get("models", []):
+                model["max_model_len"] -= 64
+    elif change == "autoscaling":
+        options = layout.replica_options(changed, "decode")
+        target = _override(changed, options["name"]) if "name" in options else None
+        scaling = (target or layout.llm_config(changed, "decode")["deployment_config"]).setdefault(
+            "autoscaling_config", {}
+        )
+        scaling["target_ongoing_requests"] = float(scaling.get("target_ongoing_requests", 2.0)) + 1.0
+    elif change == "failover":
+        for settings in layout.failover_settings(changed):
+            settings["wait_s"] = float(settings["wait_s"]) + 1.0
+    else:
+        raise ValueError(f"unknown change {change!r}")
     return changed
+
+
+def _override(serve_config: dict[str, Any], deployment: str) -> dict[str, Any] | None:
+    for app in serve_config["applications"]:
+        for override in app.get("deployments") or []:
+            if override.get("name") == deployment:
+                return override  # type: ignore[no-any-return]
+    return None
+
+
+def _deploy_steps(current: dict[str, Any], target: dict[str, Any], http_port: int, timeout_s: float) -> float:
+    """``target`` as the rollout applies it: one application at a time (``layout.rollout_steps``),
+    each step waited on until it serves; returns the seconds in all."""
+    total = 0.0
+    for step in layout.rollout_steps(current, target):
+        total += _deploy_config(step, http_port, timeout_s)
+    return total
 
 
 def _deploy_config(serve_config: dict[str, Any], http_port: int, timeout_s: float) -> float:
@@ -698,7 +748,6 @@ def _child(args: argparse.Namespace) -> int:
     events = Events(args.events)
     ray_service = profile.ray_service_from_template(args.template)
     deployed = profile.serve_config(ray_service)
-    (app,) = deployed["applications"]
     if args.gpu:  # the image's stack on NVIDIA GPUs: Qwen3.5's own class, the GPU profile
         host = gpu_profile.detect_host()
         model_dir = qwen35_checkpoint.build((args.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
@@ -707,7 +756,7 @@ def _child(args: argparse.Namespace) -> int:
     else:
         rehearsed = profile.local_profile(deployed, tiny_checkpoint.build(args.checkpoint.resolve()))
         env = {**profile.worker_env(ray_service), **LOCAL_ENV}
-    model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
+    model_id = layout.llm_config(deployed, "decode")["model_loading_config"]["model_id"]
     for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY"))]:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
     # Serve's replica lines on stderr too (its log files buffer them): the parent counts the KV
@@ -780,8 +829,7 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
         else deploy(build(rehearsed), http_port, args.timeout_s)
     )
     events.write({"type": "ready", "ready_s": ready_s})
-    (app,) = rehearsed["applications"]
-    kv = app["args"]["decode_config"]["engine_kwargs"]["kv_transfer_config"]
+    kv = layout.llm_config(rehearsed, "decode")["engine_kwargs"]["kv_transfer_config"]
     own = _answers(endpoint, "the PD app")
     # Without the control, the PD app's own answers are the only right ones (a guarded decode
     # never recomputes: it refuses).
@@ -791,10 +839,10 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
                   "control_under_load": under_load and {p: [o.text for o in os] for p, os in under_load.items()},
                   "reference_tokens": {p: [o.tokens for o in outcomes if o.tokens] for p, outcomes in right.items()},
                   "kv_load_failure_policy": kv.get("kv_load_failure_policy", "fail"),
-                  "failover": app["args"].get(failover.args_key())})  # fmt: skip
+                  "failover": next(iter(layout.failover_settings(rehearsed)), None)})  # fmt: skip
     with Load(endpoint, events, args.streams) as load:
-        for key, name, title in (("decode", "decode replica killed", "ServeReplica:pd-openai:Decode"),
-                                 ("prefill", "prefill replica killed", "ServeReplica:pd-openai:Prefill")):  # fmt: skip
+        for key in ("decode", "prefill"):
+            name, title = f"{key} replica killed", layout.replica_title(rehearsed, key)
             if key in args.faults:
                 _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
         if "kv" in args.faults:
@@ -810,16 +858,17 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
             _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
         if "update" in args.faults:
             current = rehearsed
-            for phase in ("prefill", "decode"):
-                current = _changed(current, phase)
+            for change in args.updates:
+                target = _changed(current, change)
 
-                def redeploy(config: dict[str, Any] = current) -> list[int]:
-                    ready_s = _deploy_config(config, http_port, args.timeout_s)
+                def redeploy(before: dict[str, Any] = current, after: dict[str, Any] = target) -> list[int]:
+                    ready_s = _deploy_steps(before, after, http_port, args.timeout_s)
                     events.write({"type": "redeployed", "at": time.time(), "ready_s": ready_s})
                     return []
 
-                _fault(load, f"{phase} engine setting changed, {REDEPLOYED}", redeploy,
+                _fault(load, f"{UPDATES[change]} changed, {REDEPLOYED}", redeploy,
                        args.recovery_bound_s, hold_s=5.0)  # fmt: skip
+                current = target
         if "gcs" not in args.faults:
             return 0
         if store is not None:
@@ -865,6 +914,14 @@ def _faults(value: str) -> tuple[str, ...]:
     return tuple(f for f in FAULTS if f in chosen)  # always in the rehearsal's order
 
 
+def _updates(value: str) -> tuple[str, ...]:
+    chosen = tuple(v.strip() for v in value.split(",") if v.strip())
+    unknown = [v for v in chosen if v not in UPDATES]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"{value!r}: name one or more of {','.join(UPDATES)}, comma-separated")
+    return tuple(u for u in UPDATES if u in chosen)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--template", type=Path, default=Path("cdk.out/RayLlmPdServing.template.json"))
@@ -880,6 +937,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-control", action="store_true", help="skip the colocated control (saves an engine start on a GPU)"
     )
     parser.add_argument("--faults", type=_faults, default=FAULTS, help=f"comma-separated, of {','.join(FAULTS)} (all)")
+    parser.add_argument(
+        "--updates",
+        type=_updates,
+        default=tuple(UPDATES),
+        help=f"the update fault's changes, of {','.join(UPDATES)} (all)",
+    )
     parser.add_argument(
         "--control-load-s",
         type=float,
@@ -921,7 +984,7 @@ def main(argv: list[str] | None = None) -> int:
                "--template", str(args.template), "--checkpoint", str(args.checkpoint),
                "--timeout-s", str(args.timeout_s), "--recovery-bound-s", str(args.recovery_bound_s),
                "--faults", ",".join(args.faults), "--kv-chain", link.chain, "--streams", str(args.streams),
-               "--control-load-s", str(args.control_load_s),
+               "--control-load-s", str(args.control_load_s), "--updates", ",".join(args.updates),
                *(["--gpu"] if args.gpu else []), *(["--no-control"] if args.no_control else [])]  # fmt: skip
     bound_s = 2 * args.timeout_s + args.control_load_s + len(args.faults) * (args.recovery_bound_s + 100) + 300
     child = subprocess.Popen(command, env={**os.environ, MARKER: run_id}, start_new_session=True, text=True,
@@ -944,6 +1007,7 @@ def main(argv: list[str] | None = None) -> int:
     differs = expected and [p for p in PROMPTS if expected["control"][p] != expected["pd"][p]]
     report = {"child_exit": exit_code, "leftovers_stopped": stopped, "recovery_bound_s": args.recovery_bound_s,
               "streams": args.streams, "gpu": args.gpu, "faults_chosen": list(args.faults),
+              "updates_chosen": list(args.updates),
               "kv_load_failure_policy": expected and expected["kv_load_failure_policy"],
               "failover": expected and expected.get("failover"),
               "pd_differs_from_control": differs,
@@ -1027,8 +1091,9 @@ def holds(report: dict[str, Any]) -> bool:
     down, and the restarted GCS knows the Serve controller."""
     faults = report["faults"]
     bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f or REDEPLOYED in f["fault"]]
-    # The update fault is two injections: a prefill and a decode engine setting.
-    injected = sum(2 if chosen == "update" else 1 for chosen in report["faults_chosen"])
+    # The update fault is one injection per change (UPDATES).
+    updates = len(report.get("updates_chosen") or UPDATES)
+    injected = sum(updates if chosen == "update" else 1 for chosen in report["faults_chosen"])
     ok = len(faults) == injected and all(f["recovered_s"] is not None for f in bounded)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
     ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
@@ -1062,6 +1127,9 @@ def failover_holds(report: dict[str, Any]) -> bool:
     wait_s = float(report["failover"]["wait_s"])
     ok = True
     for fault in report["faults"]:
+        if REDEPLOYED in fault["fault"]:  # each phase its own application, rolled one at a time
+            ok = ok and fault["requests_failed"] == 0
+            continue
         replica_or_kv = "replica killed" in fault["fault"] or "kv_cut_s" in fault
         if not replica_or_kv:
             continue

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.catalog import CATALOG
+from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.sizing import GIB
 
 from . import bench, catalog_checkpoint, gpu_profile, harness, profile, qwen35_checkpoint
@@ -69,8 +70,7 @@ def _model(args: argparse.Namespace, work: Path, model_source: str = "") -> tupl
 def _deployed(template: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
     ray_service = profile.ray_service_from_template(template)
     deployed = profile.serve_config(ray_service)
-    (app,) = deployed["applications"]
-    return ray_service, deployed, app["args"]["decode_config"]["model_loading_config"]["model_id"]
+    return ray_service, deployed, layout.llm_config(deployed, "decode")["model_loading_config"]["model_id"]
 
 
 def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float) -> int:
@@ -91,8 +91,7 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
 
 def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     ray_service, deployed, _ = _deployed(args.template)
-    (app,) = deployed["applications"]
-    prefill = app["args"]["prefill_config"]
+    prefill = layout.llm_config(deployed, "prefill")
     model_source = gpu_profile.catalogue_source(prefill["model_loading_config"]["model_source"])
     deployed_engine = prefill["engine_kwargs"]
     model_dir, dummy = _model(args, args.work_dir, model_source)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.catalog import GPUS, INSTANCE_TYPES, MODELS, ModelFacts, gpu_slug
+from eks_pd_serving.k8s import serve_config
 from eks_pd_serving.sizing import GIB, MIB, NON_TORCH_BYTES, VLLM_DEFAULT_MAX_NUM_SEQS, Sizing, size
 
 from . import profile
@@ -111,30 +112,34 @@ def gpu_profile(
     TCPStore in a port window of its own (``TCPSTORE_PORT_BASES``), every prompt disaggregated
     (``profile.every_prompt_disaggregated``)."""
     local = copy.deepcopy(deployed)
+    profile.every_prompt_disaggregated(local)
     for app in local["applications"]:
-        profile.every_prompt_disaggregated(app)
-        for side in SIDES:
-            llm = app["args"][side]
-            llm["model_loading_config"]["model_source"] = str(model_dir)
-            llm["deployment_config"].pop("autoscaling_config", None)  # one replica, even if autoscaled
+        for override in app.get("deployments") or []:  # one replica a phase, even if autoscaled
+            if override.get("name") != serve_config.INGRESS_DEPLOYMENT:
+                override["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
+    for phase, llm in serve_config.phase_llm_configs(local):
+        side = f"{phase}_config"
+        llm["model_loading_config"]["model_source"] = str(model_dir)
+        if llm.get("deployment_config"):  # Ray's builder: replicas in the LLMConfig
+            llm["deployment_config"].pop("autoscaling_config", None)
             llm["deployment_config"]["num_replicas"] = 1
-            engine = llm["engine_kwargs"]
-            engine["tensor_parallel_size"] = 1
-            if host.gpus < 2:
-                bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
-                llm["placement_group_config"] = {"bundles": [{**bundles[0], "GPU": SHARED_GPU_SHARE}]}
-                engine["gpu_memory_utilization"] = SHARED_GPU_UTILIZATION
-            if utilization is not None:
-                engine["gpu_memory_utilization"] = utilization
-            if dummy_weights:
-                engine["load_format"] = "dummy"
-            if not host.flashinfer:
-                engine["gdn_prefill_backend"] = "triton"
-            env_vars = llm.setdefault("runtime_env", {}).setdefault("env_vars", {})
-            env_vars["VLLM_DP_MASTER_PORT"] = str(TCPSTORE_PORT_BASES[side])
-            kv = engine["kv_transfer_config"]
-            kv["kv_buffer_device"] = "cuda"
-            kv["kv_connector_extra_config"]["backends"] = [host.kv_backend]
+        engine = llm["engine_kwargs"]
+        engine["tensor_parallel_size"] = 1
+        if host.gpus < 2:
+            bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
+            llm["placement_group_config"] = {"bundles": [{**bundles[0], "GPU": SHARED_GPU_SHARE}]}
+            engine["gpu_memory_utilization"] = SHARED_GPU_UTILIZATION
+        if utilization is not None:
+            engine["gpu_memory_utilization"] = utilization
+        if dummy_weights:
+            engine["load_format"] = "dummy"
+        if not host.flashinfer:
+            engine["gdn_prefill_backend"] = "triton"
+        env_vars = llm.setdefault("runtime_env", {}).setdefault("env_vars", {})
+        env_vars["VLLM_DP_MASTER_PORT"] = str(TCPSTORE_PORT_BASES[side])
+        kv = engine["kv_transfer_config"]
+        kv["kv_buffer_device"] = "cuda"
+        kv["kv_connector_extra_config"]["backends"] = [host.kv_backend]
     return local
 
 

@@ -139,17 +139,22 @@ def build(serve_config: dict[str, Any]) -> list[tuple[dict[str, Any], Any]]:
 
 
 def deploy(built: list[tuple[dict[str, Any], Any]], http_port: int, timeout_s: float) -> float:
-    """Run the built applications; wait until every one is RUNNING."""
+    """Deploy the built applications' config as KubeRay does (the whole config through Serve's
+    declarative API, each application's ``deployments:`` overrides applied); wait until exactly
+    these applications are RUNNING."""
     from ray import serve
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
 
     serve.start(http_options={"host": "127.0.0.1", "port": http_port})
     started = time.monotonic()
-    for app, application in built:
-        serve.run(application, name=app["name"], route_prefix=app["route_prefix"], blocking=False)
+    config = {"applications": [app for app, _ in built]}
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    names = {app["name"] for app, _ in built}
     while True:
         status = serve.status().applications
         states = {name: s.status for name, s in status.items()}
-        if states and all(s == "RUNNING" for s in states.values()):
+        if set(states) == names and all(s == "RUNNING" for s in states.values()):
             return time.monotonic() - started
         failed = {name: s.message for name, s in status.items() if s.status == "DEPLOY_FAILED"}
         if failed:
@@ -249,11 +254,11 @@ def with_short_prompts(serve_config: dict[str, Any], threshold: int) -> dict[str
     """``serve_config`` with the failover's conditional disaggregation at ``threshold``."""
     import copy
 
-    from eks_pd_serving.fault_tolerance import failover
+    from eks_pd_serving.k8s import serve_config as serve_config_module
 
     changed = copy.deepcopy(serve_config)
-    for app in changed["applications"]:
-        app["args"][failover.args_key()]["short_prompt_tokens"] = threshold
+    for settings in serve_config_module.failover_settings(changed):
+        settings["short_prompt_tokens"] = threshold
     return changed
 
 

@@ -18,6 +18,7 @@ import yaml
 
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.fault_tolerance import failover, kv_guard
+from eks_pd_serving.k8s import serve_config as serve_config_module
 
 # The pod annotations holding the programs' digests (mapping.KV_GUARD_CODE, mapping.FAILOVER_CODE:
 # the rehearsal imports no CDK).
@@ -90,50 +91,61 @@ def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str 
     ``model_source`` (the staged copy in a local S3, when the deployment loads from S3) or the
     checkpoint's directory."""
     local = copy.deepcopy(deployed)
+    every_prompt_disaggregated(local)
     for app in local["applications"]:
-        every_prompt_disaggregated(app)
-        for side in ("prefill_config", "decode_config"):
-            llm = app["args"][side]
-            llm["model_loading_config"]["model_source"] = model_source or str(checkpoint)
-            scaling = llm["deployment_config"].get("autoscaling_config")
-            if scaling:
-                scaling["upscale_delay_s"] = LOCAL_UPSCALE_DELAY_S
-            else:
-                llm["deployment_config"]["num_replicas"] = 1
-            # Replicas ask for CPU instead of GPUs; a phase's own Ray resource (per-phase
-            # layout) stays, so the pinning to its worker group is rehearsed too.
-            bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
-            pinning = {k: v for k, v in bundles[0].items() if k not in ("GPU", "CPU")}
-            llm["placement_group_config"] = {"bundles": [{"CPU": 1, **pinning}]}
-            engine = llm["engine_kwargs"]
-            engine["max_model_len"] = LOCAL_MAX_MODEL_LEN
-            engine["tensor_parallel_size"] = 1
-            kv = engine["kv_transfer_config"]
-            kv["kv_buffer_device"] = LOCAL_KV_BUFFER_DEVICE
-            kv["kv_connector_extra_config"]["backends"] = [LOCAL_KV_BACKEND]
+        for override in app.get("deployments") or []:  # the failover's layout: replicas in overrides
+            _one_replica_or_quick_scaling(override)
+    for _, llm in serve_config_module.phase_llm_configs(local):
+        llm["model_loading_config"]["model_source"] = model_source or str(checkpoint)
+        if llm.get("deployment_config"):  # Ray's builder: replicas in the LLMConfig
+            _one_replica_or_quick_scaling(llm["deployment_config"])
+        # Replicas ask for CPU instead of GPUs; a phase's own Ray resource (per-phase
+        # layout) stays, so the pinning to its worker group is rehearsed too.
+        bundles = llm.get("placement_group_config", {}).get("bundles", [{}])
+        pinning = {k: v for k, v in bundles[0].items() if k not in ("GPU", "CPU")}
+        llm["placement_group_config"] = {"bundles": [{"CPU": 1, **pinning}]}
+        engine = llm["engine_kwargs"]
+        engine["max_model_len"] = LOCAL_MAX_MODEL_LEN
+        engine["tensor_parallel_size"] = 1
+        kv = engine["kv_transfer_config"]
+        kv["kv_buffer_device"] = LOCAL_KV_BUFFER_DEVICE
+        kv["kv_connector_extra_config"]["backends"] = [LOCAL_KV_BACKEND]
     return local
 
 
-def every_prompt_disaggregated(app: dict[str, Any]) -> None:
+def _one_replica_or_quick_scaling(options: dict[str, Any]) -> None:
+    """A phase's replica options: autoscaling reacts within ``LOCAL_UPSCALE_DELAY_S``; a fixed count
+    (``num_replicas``, or equal bounds) becomes one replica. The ingress's own replicas stay."""
+    scaling = options.get("autoscaling_config")
+    if options.get("name") == serve_config_module.INGRESS_DEPLOYMENT:
+        return
+    if scaling and "target_ongoing_requests" in scaling:
+        scaling["upscale_delay_s"] = LOCAL_UPSCALE_DELAY_S
+    elif scaling:
+        scaling.update(min_replicas=1, max_replicas=1, initial_replicas=1)
+    elif "num_replicas" in options:
+        options["num_replicas"] = 1
+
+
+def every_prompt_disaggregated(serve_config: dict[str, Any]) -> None:
     """The failover's conditional disaggregation off (``short_prompt_tokens`` 0): the rehearsals'
     prompts are all short, and what they rehearse is the KV moving from prefill to decode."""
-    failover_args = app["args"].get(failover.args_key())
-    if failover_args:
-        failover_args["short_prompt_tokens"] = 0
+    for settings in serve_config_module.failover_settings(serve_config):
+        settings["short_prompt_tokens"] = 0
 
 
 def custom_resources(serve_config: dict[str, Any]) -> dict[str, float]:
     """Ray resources the rehearsed replicas ask for besides CPU: the local node offers them, as
     each phase's worker group does on the cluster."""
     found: dict[str, float] = {}
+    llms = [llm for _, llm in serve_config_module.phase_llm_configs(serve_config)]
     for app in serve_config["applications"]:
-        for llm in app["args"].get("llm_configs", []) or [
-            app["args"].get(s) for s in ("prefill_config", "decode_config")
-        ]:
-            for bundle in (llm or {}).get("placement_group_config", {}).get("bundles", []):
-                for name, amount in bundle.items():
-                    if name not in ("CPU", "GPU"):
-                        found[name] = found.get(name, 0) + float(amount)
+        llms += (app.get("args") or {}).get("llm_configs", [])
+    for llm in llms:
+        for bundle in llm.get("placement_group_config", {}).get("bundles", []):
+            for name, amount in bundle.items():
+                if name not in ("CPU", "GPU"):
+                    found[name] = found.get(name, 0) + float(amount)
     return found
 
 
@@ -147,8 +159,7 @@ def colocated_control(
     """The decode engine's settings without the KV connector, ``replicas`` of it: the baseline
     outputs and the negative control (one replica), or the colocated layout a benchmark compares
     PD with. ``placement`` replaces the engine's placement; None keeps the decode engine's."""
-    (app,) = rehearsed["applications"]
-    llm = copy.deepcopy(app["args"]["decode_config"])
+    llm = copy.deepcopy(serve_config_module.llm_config(rehearsed, "decode"))
     llm["engine_kwargs"].pop("kv_transfer_config")
     llm["deployment_config"] = {"num_replicas": replicas}
     if placement is not None:

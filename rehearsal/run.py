@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eks_pd_serving.fault_tolerance import failover
+from eks_pd_serving.k8s import serve_config as layout
 
 from . import api_keys, profile, s3_weights, tiny_checkpoint
 from .harness import LOCAL_ENV, Rehearsal, free_port, log, rehearse_and_judge
@@ -43,8 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_service = profile.ray_service_from_template(args.template)
     deployed = profile.serve_config(ray_service)
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
-    (app,) = deployed["applications"]
-    source = app["args"]["decode_config"]["model_loading_config"]["model_source"]
+    source = layout.llm_config(deployed, "decode")["model_loading_config"]["model_source"]
     work = args.report.parent.resolve()
     # With api_keys: the check's code from the template, the keys in a local Secrets Manager.
     with api_keys.local_keys(args.template, work, free_port()) as keys:
@@ -73,11 +72,10 @@ def _rehearse(
     log(profile.diff(deployed, rehearsed) or "(identical)")
     env = {**profile.worker_env(ray_service), **LOCAL_ENV, **(weights.env if weights else {})}
     log(f"== worker env: {json.dumps(env, sort_keys=True)}")
-    (app,) = deployed["applications"]
-    model_id = app["args"]["decode_config"]["model_loading_config"]["model_id"]
+    model_id = layout.llm_config(deployed, "decode")["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
-    failover_args = app["args"].get(failover.args_key()) or {}
+    failover_args: dict[str, Any] = next(iter(layout.failover_settings(deployed)), {})
     threshold = 0 if args.serve_config else int(failover_args.get("short_prompt_tokens", 0))
     if threshold + 64 > profile.LOCAL_MAX_MODEL_LEN:
         log(f"short_prompt_tokens={threshold}: no prompt past it fits the local max_model_len; not probed")

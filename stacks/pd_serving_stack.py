@@ -81,7 +81,7 @@ class PdServingStack(Stack):
             value=(
                 f"curl -s http://localhost:{SERVE_PORT}/v1/chat/completions "
                 f"{auth}-H 'Content-Type: application/json' "
-                f"""-d '{{"model": "{props.model.model_id}", "messages": """
+                f"""-d '{{"model": "{props.models[0].model.model_id}", "messages": """
                 """[{"role": "user", "content": "Hello"}], "max_tokens": 64}'"""
             ),
         )

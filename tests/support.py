@@ -23,6 +23,7 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import GcsFaultToleranceSpec, RayNamespaceChart, RayServiceChart
+from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.mapping import ray_service_props
 from stacks.pd_serving_stack import PdServingStack
 
@@ -228,10 +229,29 @@ def ray_service(**settings: Any) -> dict[str, Any]:
     return service
 
 
+def render_props(change: Any, **settings: Any) -> dict[str, Any]:
+    """The RayService of the settings' props as ``change`` (props -> props) makes them: what an
+    account-vending pipeline passes as typed props."""
+    props = change(ray_service_props(DeploymentConfig.create(**settings), RAY_IMAGE))
+    documents = cdk8s.Testing.synth(RayServiceChart(cdk8s.App(), "RayService", props=props))
+    (service,) = [d for d in documents if d["kind"] == "RayService"]
+    return service
+
+
 def serve_args(service: dict[str, Any]) -> dict[str, Any]:
-    (app,) = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]
-    args: dict[str, Any] = app["args"]
-    return args
+    """The first model's serve settings in one view, either layout: each phase's LLMConfig
+    (``<phase>_config``), its replica and timing options (``<phase>_deployment``: the application's
+    override, or the LLMConfig's ``deployment_config`` in Ray's one application) and the failover's
+    settings (``failover``, absent without it)."""
+    config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    view: dict[str, Any] = {}
+    for phase in ("prefill", "decode"):
+        view[f"{phase}_config"] = layout.llm_config(config, phase)
+        view[f"{phase}_deployment"] = layout.replica_options(config, phase)
+    settings = layout.failover_settings(config)
+    if settings:
+        view["failover"] = settings[0]
+    return view
 
 
 # --- the capacity check's inputs (tests/unit/test_capacity_check.py, the IAM rung) ---------------

@@ -107,6 +107,8 @@ class DeploymentPlan:
     converge: bool
     #: How long the rollout Job waits for a rebuilt cluster (``rollout_deadline_s``).
     rollout_deadline_s: int
+    #: How long the serve rollout waits for one Serve application to serve again (``rollout.step_s``).
+    serve_step_s: int
 
     @property
     def capacity_blocks(self) -> tuple[ReservedGroup, ...]:
@@ -170,6 +172,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         image=config.image or versions.ray_image_uri(resolved_region),
         converge=converges(config),
         rollout_deadline_s=rollout_deadline_s(config),
+        serve_step_s=rollout.step_s(checkpoint_bytes(config.model_facts) if config.model_facts else None),
     )
 
 
@@ -357,8 +360,7 @@ def failover_spec(config: DeploymentConfig) -> k8s.FailoverSpec | None:
     if not config.pd_failover:
         return None
     return k8s.FailoverSpec(
-        import_path=failover.import_path(),
-        args_key=failover.args_key(),
+        import_paths=failover.import_paths(),
         wait_s=config.failover_wait_s,
         prefill_timeout_s=config.failover_prefill_timeout_s,
         short_prompt_tokens=config.short_prompt_tokens,
@@ -448,6 +450,31 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> k8s.ApiKe
     )
 
 
+def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8s.ServedModel:
+    """The settings' one served model: what both engines load (``weights_uri``: the staged revision,
+    ``s3://bucket/prefix``, else the Hugging Face repository), each phase's engine and replicas, the
+    KV transfer and the failover."""
+    return k8s.ServedModel(
+        model=k8s.ModelSpec(
+            model_id=config.model_id,
+            model_source=weights_uri or config.model_source,
+            max_model_len=config.max_model_len,
+            dtype=config.dtype,
+            gpu_memory_utilization=config.gpu_memory_utilization,
+            language_model_only=not config.multimodal,
+            weights=f"{config.model_source}@{config.model_revision}",
+        ),
+        prefill=_engine(config, "prefill"),
+        decode=_engine(config, "decode"),
+        kv=k8s.KvTransferSpec(
+            backend=config.kv_backend,
+            buffer_device=config.kv_buffer_device,
+            load_failure_policy=kv_load_failure_policy(config.model_facts),
+        ),
+        failover=failover_spec(config),
+    )
+
+
 def ray_service_props(
     config: DeploymentConfig,
     image: str,
@@ -467,21 +494,7 @@ def ray_service_props(
         namespace=config.namespace,
         image=image,
         ray_version=versions.RAY_VERSION,
-        model=k8s.ModelSpec(
-            model_id=config.model_id,
-            model_source=weights_uri or config.model_source,
-            max_model_len=config.max_model_len,
-            dtype=config.dtype,
-            gpu_memory_utilization=config.gpu_memory_utilization,
-            language_model_only=not config.multimodal,
-        ),
-        prefill=_engine(config, "prefill"),
-        decode=_engine(config, "decode"),
-        kv=k8s.KvTransferSpec(
-            backend=config.kv_backend,
-            buffer_device=config.kv_buffer_device,
-            load_failure_policy=kv_load_failure_policy(facts),
-        ),
+        models=(served_model(config, weights_uri),),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),
@@ -496,7 +509,6 @@ def ray_service_props(
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),
-        failover=failover_spec(config),
         api_keys_hook=api_keys_hook(config),
         gcs_auth=gcs_auth() if gcs_fault_tolerance else None,
         gcs_fault_tolerance=gcs_fault_tolerance,

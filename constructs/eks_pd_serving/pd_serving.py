@@ -144,6 +144,7 @@ class PdServing(Construct):
             ],
             converge=plan.converge,
             rollout_deadline_s=plan.rollout_deadline_s,
+            serve_step_s=plan.serve_step_s,
         )
         self._observe(plan)
         self._end_capacity_blocks(plan)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -13,12 +15,16 @@ from constructs import Construct
 from . import rollout
 from ._private.manifests import adopting_manifest
 from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec
-from .k8s.ray_service import ray_service_spec
+from .k8s.ray_service import ray_service_spec, serve_config_yaml
 from .k8s.rollout import job_spec, spec_digest
+from .k8s.serve_config import build_serve_config
 
 # The Job's deadline when the caller gives none (the fixed one it had before ``rollout.deadline_s``;
 # ``PdServing`` always passes the derived one).
 ROLLOUT_DEADLINE_S = 11 * 60
+# One Serve application's bound in the serve rollout when the caller gives none (``rollout.step_s``
+# of an unknown model; ``PdServing`` passes the model's).
+SERVE_STEP_S = 10 * 60
 
 
 class RayServiceManifest(Construct):
@@ -37,6 +43,11 @@ class RayServiceManifest(Construct):
     :param rollout_deadline_s: how long the rollout Job waits for a rebuilt cluster to serve
         (``rollout.deadline_s`` derives it from the model and the image); the deploy waits on the
         Job in steps of ``rollout.WAIT_S`` at most, one per window of it. Default: ROLLOUT_DEADLINE_S (660).
+    :param serve_step_s: with the failover's layout (each phase its own Serve application), a change
+        of the serve config is rolled before the RayService's manifest by a Job of its own, one
+        application at a time, each given this long to serve again (``rollout.step_s``); the deploy
+        waits on it as on the rollout Job, and fails (rolling back) when a step does not serve.
+        Default: SERVE_STEP_S (600).
     """
 
     def __init__(
@@ -49,6 +60,7 @@ class RayServiceManifest(Construct):
         depends_on: Sequence[Construct] = (),
         converge: bool = False,
         rollout_deadline_s: int = ROLLOUT_DEADLINE_S,
+        serve_step_s: int = SERVE_STEP_S,
     ) -> None:
         super().__init__(scope, id)
         self.props = props
@@ -69,6 +81,26 @@ class RayServiceManifest(Construct):
         self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         self.manifest.node.add_dependency(self.namespace_manifest)
+        self.serve_rollout: RolloutSpec | None = None
+        self.serve_rollout_waits: list[eks.KubernetesObjectValue] = []
+        if any(served.failover for served in props.models):
+            # Before the RayService's manifest: the serve config rolls one application at a time
+            # there, and the manifest then applies the text the RayService already holds.
+            applications = len(build_serve_config(props.models)["applications"])
+            text = serve_config_yaml(props)
+            digest = hashlib.sha256(json.dumps(Stack.of(self).resolve(text), sort_keys=True).encode()).hexdigest()
+            spec = _serve_rollout_spec(props, text, digest, serve_step_s, serve_step_s * applications)
+            self.serve_rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
+            serve_manifest = cluster.add_cdk8s_chart(
+                f"{id}ServeRollout", RolloutChart(cdk8s.App(), "ServeRollout", spec=self.serve_rollout)
+            )
+            # After what the RayService's needs too: the system nodes its pod runs on, the CRD it reads.
+            for dependency in (self.namespace_manifest, *depends_on):
+                serve_manifest.node.add_dependency(dependency)
+            self.serve_rollout_waits = _job_waits(
+                self, "ServeRollout", cluster, self.serve_rollout, serve_manifest, spec.deadline_s, props.namespace
+            )
+            self.manifest.node.add_dependency(self.serve_rollout_waits[-1])
         # Created after, and so deleted before, the operator, the device plugins and the node
         # groups: KubeRay then tears the Ray pods down while it still runs.
         for dependency in depends_on:
@@ -84,27 +116,66 @@ class RayServiceManifest(Construct):
                 f"{id}Rollout", RolloutChart(cdk8s.App(), "Rollout", spec=self.rollout)
             )
             self.rollout_manifest.node.add_dependency(self.manifest)
-            # Steps that each fit the kubectl handler's 15 minutes: the Job's start, each window of
-            # its deadline it marks on itself, its success (the last keeps the id it always had).
-            previous: Construct = self.rollout_manifest
-            self.rollout_waits: list[eks.KubernetesObjectValue] = []
-            paths = rollout.wait_paths(self.rollout.deadline_s)
-            for index, path in enumerate(paths):
-                last = index == len(paths) - 1
-                wait = eks.KubernetesObjectValue(
-                    self,
-                    "RolloutWait" if last else ("RolloutStarted" if index == 0 else f"RolloutWindow{index}"),
-                    cluster=cluster,
-                    object_type="job",
-                    object_name=self.rollout.job_name,
-                    object_namespace=props.namespace,
-                    json_path=path,
-                    timeout=Duration.seconds(rollout.WAIT_S),
-                )
-                wait.node.add_dependency(previous)
-                self.rollout_waits.append(wait)
-                previous = wait
+            self.rollout_waits = _job_waits(
+                self, "Rollout", cluster, self.rollout, self.rollout_manifest, self.rollout.deadline_s, props.namespace
+            )
             self.rollout_wait = self.rollout_waits[-1]
+
+
+def _job_waits(
+    scope: Construct,
+    prefix: str,
+    cluster: eks.ICluster,
+    spec: RolloutSpec,
+    manifest: Construct,
+    deadline_s: int,
+    namespace: str,
+) -> list[eks.KubernetesObjectValue]:
+    """Steps that each fit the kubectl handler's 15 minutes: the Job's start, each window of its
+    deadline it marks on itself, its success (``<prefix>Wait``, the id it always had)."""
+    previous: Construct = manifest
+    waits: list[eks.KubernetesObjectValue] = []
+    paths = rollout.wait_paths(deadline_s)
+    for index, path in enumerate(paths):
+        last = index == len(paths) - 1
+        wait = eks.KubernetesObjectValue(
+            scope,
+            f"{prefix}Wait" if last else (f"{prefix}Started" if index == 0 else f"{prefix}Window{index}"),
+            cluster=cluster,
+            object_type="job",
+            object_name=spec.job_name,
+            object_namespace=namespace,
+            json_path=path,
+            timeout=Duration.seconds(rollout.WAIT_S),
+        )
+        wait.node.add_dependency(previous)
+        waits.append(wait)
+        previous = wait
+    return waits
+
+
+def _serve_rollout_spec(
+    props: RayServiceProps, serve_config: str, digest: str, step_s: int, deadline_s: int
+) -> RolloutSpec:
+    """The serve rollout: its Job is named for ``digest`` (of the serve config as the template holds
+    it), and given ``deadline_s`` in all (a step per application at most)."""
+    program = props.failover_program
+    code = {program.annotation: program.digest} if program is not None else {}
+    return replace(
+        _rollout_spec(props, digest, {}, deadline_s),
+        program=PodProgram(
+            config_map=f"{props.name}-serve-rollout-code",
+            file_name=rollout.FILE_NAME,
+            source=rollout.source(),
+            digest=rollout.source_digest(),
+            mount_path=rollout.MOUNT_PATH,
+            annotation="eks-pd.io/rollout-code",
+        ),
+        mode="serve",
+        serve_config=serve_config,
+        step_s=step_s,
+        code=code,
+    )
 
 
 def _rollout_spec(

@@ -67,13 +67,35 @@ def test_the_ray_venv_runs_the_images_ray_version() -> None:
 def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[str, Any]) -> None:
     result = run_ray_check(tmp_path, ray_service(**settings))
     assert result.returncode == 0, result.stderr
+    for accepted in (
+        "application 'pd-prefill' accepted: prefill of 'qwen3.5-9b', kv_producer, deployment 'Prefill:qwen3_5-9b'",
+        "application 'pd-decode' accepted: decode of 'qwen3.5-9b', kv_consumer, deployment 'Decode:qwen3_5-9b'",
+        "application 'pd-openai' accepted: ingress of 1 model(s)",
+        "'pd-decode' and its prefill accepted together as PDServingArgs ('qwen3.5-9b', pair ",
+    ):
+        assert f"ray 2.58.0: {accepted}" in result.stdout
+
+
+def test_ray_accepts_its_own_builder_without_the_failover(tmp_path: Path) -> None:
+    result = run_ray_check(tmp_path, ray_service(pd_failover=False))
+    assert result.returncode == 0, result.stderr
     accepted = "application 'pd-openai' accepted: model 'qwen3.5-9b', prefill kv_producer, decode kv_consumer"
     assert f"ray 2.58.0: {accepted}" in result.stdout
 
 
 def _edit_args(service: dict[str, Any], edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """``edit`` given a view of the first model (its phases' LLMConfigs as ``<phase>_config``, their
+    deployment overrides as ``<phase>_deployment``, the decode application's args as ``decode_args``)."""
     serve = yaml.safe_load(service["spec"]["serveConfigV2"])
-    edit(serve["applications"][0]["args"])
+    prefill, decode = serve["applications"][0], serve["applications"][1]
+    view = {
+        "prefill_config": prefill["args"]["llm_config"],
+        "decode_config": decode["args"]["llm_config"],
+        "prefill_deployment": prefill["deployments"][0],
+        "decode_deployment": decode["deployments"][0],
+        "decode_args": decode["args"],
+    }
+    edit(view)
     service["spec"]["serveConfigV2"] = yaml.safe_dump(serve)
     return service
 
@@ -87,7 +109,10 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("kv_transfer_config beside engine_kwargs", _kv_beside_engine_kwargs, "Extra inputs are not permitted"),
     (
         "model ids differ",
-        lambda a: a["decode_config"]["model_loading_config"].update(model_id="other"),
+        lambda a: (
+            a["decode_config"]["model_loading_config"].update(model_id="other"),
+            a["decode_deployment"].update(name="Decode:other"),
+        ),
         "P/D model id mismatch",
     ),
     (
@@ -95,25 +120,32 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         lambda a: a["decode_config"]["engine_kwargs"].pop("kv_transfer_config"),
         "kv_transfer_config is required for P/D disaggregation",
     ),
-    ("unknown PDServingArgs key", lambda a: a.update(router_config={}), "Extra inputs are not permitted"),
+    ("unknown decode args key", lambda a: a["decode_args"].update(router_config={}), "a phase's args are"),
+    ("a decode of another pair", lambda a: a["decode_args"].update(pair="other"), "its pair key other is not"),
     (
-        "bad replica count",
-        lambda a: a["decode_config"]["deployment_config"].update(num_replicas=-1),
-        "num_replicas",
+        "decode's prefill names no deployment of the config",
+        lambda a: a["decode_args"]["prefill"].update(deployment="Prefill:other"),
+        "not in the config",
+    ),
+    (
+        "an override Ray would not find",
+        lambda a: a["decode_deployment"].update(name="Decode:other"),
+        "Ray names it 'Decode:qwen3_5-9b'",
+    ),
+    (
+        "a failover setting the builder does not take",
+        lambda a: a["decode_deployment"]["user_config"].update(retries=3),
+        "user_config keys are",
     ),
     (
         "autoscaling target not positive",
-        lambda a: a["decode_config"]["deployment_config"].update(
-            num_replicas=None, autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 0}
-        ),
-        "Invalid deployment config",
+        lambda a: a["decode_deployment"]["autoscaling_config"].update(target_ongoing_requests=0),
+        "target_ongoing_requests",
     ),
     (
         "autoscaling min above max",
-        lambda a: a["decode_config"]["deployment_config"].update(
-            num_replicas=None, autoscaling_config={"min_replicas": 3, "max_replicas": 2}
-        ),
-        "Invalid deployment config",
+        lambda a: a["decode_deployment"]["autoscaling_config"].update(min_replicas=3, max_replicas=2),
+        "max_replicas",
     ),
 ]
 

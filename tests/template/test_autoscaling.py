@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from aws_cdk.assertions import Template
 from support import DENSE, NO_AWS_ENV, ROOT, build_stack, ray_service, resources_of_type, serve_args, synth_assembly
 
@@ -141,8 +140,9 @@ def test_the_command_line_rejects_a_bad_bound_with_exit_2() -> None:
 def test_each_phase_autoscales_between_its_bounds_with_no_fixed_count() -> None:
     args = serve_args(ray_service(autoscaling=True, decode_max_replicas=3, decode_target_ongoing_requests=6))
     for phase, high, target in (("prefill", 2, 4.0), ("decode", 3, 6.0)):
-        deployment = args[f"{phase}_config"]["deployment_config"]
+        deployment = args[f"{phase}_deployment"]
         assert "num_replicas" not in deployment  # Serve refuses both when it builds the app (deployment.py)
+        assert args[f"{phase}_config"]["deployment_config"] == {}  # in the app's overrides: no restart
         assert deployment["autoscaling_config"] == {
             "min_replicas": 1,
             "max_replicas": high,
@@ -171,7 +171,7 @@ def test_decode_sets_its_kv_load_failure_policy_on_purpose(settings: dict[str, A
 @pytest.mark.parametrize("settings", [{}, {"autoscaling": True}])
 def test_both_phases_set_shutdown_and_health_check_timing(settings: dict[str, Any]) -> None:
     for side in ("prefill_config", "decode_config"):
-        deployment = serve_args(ray_service(**settings))[side]["deployment_config"]
+        deployment = serve_args(ray_service(**settings))[side.replace("_config", "_deployment")]
         assert (
             deployment["graceful_shutdown_timeout_s"],
             deployment["health_check_period_s"],
@@ -334,8 +334,7 @@ def test_the_capacity_check_asks_for_the_most_nodes(scaled: dict[str, Any]) -> N
 
 def test_the_manifest_on_the_cluster_carries_the_autoscaling_serve_config(scaled: dict[str, Any]) -> None:
     service = _ray_service(scaled)
-    decode = yaml.safe_load(service["spec"]["serveConfigV2"])["applications"][0]["args"]["decode_config"]
-    assert decode["deployment_config"]["autoscaling_config"]["max_replicas"] == 2
+    assert serve_args(service)["decode_deployment"]["autoscaling_config"]["max_replicas"] == 2
     assert service["spec"]["upgradeStrategy"] == {"type": "None"}  # serve-config changes stay in place
 
 

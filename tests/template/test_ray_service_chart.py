@@ -43,13 +43,35 @@ def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> Non
     assert renamed["metadata"] == {"name": "qwen", "namespace": "llm"}
 
 
-def test_serve_app_is_pd_openai_on_root_built_with_failover(default_service: dict[str, Any]) -> None:
-    (app,) = yaml.safe_load(default_service["spec"]["serveConfigV2"])["applications"]
-    assert app["import_path"] == "eks_pd_failover:build_failover_app"
-    assert app["route_prefix"] == "/"
-    assert set(app["args"]) == {"prefill_config", "decode_config", "failover"}
-    # The settings' defaults, each written out.
-    assert app["args"]["failover"] == {"wait_s": 2.0, "prefill_timeout_s": 30.0, "short_prompt_tokens": 128}
+def test_each_phase_is_its_own_application_and_the_ingress_is_pd_openai_on_root(
+    default_service: dict[str, Any],
+) -> None:
+    apps = yaml.safe_load(default_service["spec"]["serveConfigV2"])["applications"]
+    assert [(a["name"], a["import_path"], a["route_prefix"]) for a in apps] == [
+        ("pd-prefill", "eks_pd_failover:build_prefill_app", None),
+        ("pd-decode", "eks_pd_failover:build_decode_app", None),
+        ("pd-openai", "eks_pd_failover:build_ingress_app", "/"),
+    ]
+    prefill, decode, ingress = apps
+    assert set(prefill["args"]) == {"llm_config", "pair"}
+    assert set(decode["args"]) == {"llm_config", "pair", "prefill"}
+    assert decode["args"]["prefill"] == {"app": "pd-prefill", "deployment": "Prefill:qwen3_5-9b"}
+    assert prefill["args"]["pair"] == decode["args"]["pair"]  # one model, one weight format: paired
+    (model,) = ingress["args"]["models"]
+    assert model == {
+        "model_id": "qwen3.5-9b",
+        "max_model_len": 4096,
+        "adapters": False,
+        "decode": {"app": "pd-decode", "deployment": "Decode:qwen3_5-9b"},
+        "prefill": {"app": "pd-prefill", "deployment": "Prefill:qwen3_5-9b"},
+    }
+    # What Serve applies without a restart sits in the overrides, never in the args: replicas (as
+    # autoscaling bounds, fixed or not), timing, and the failover's settings as user_config.
+    (ingress_options,) = ingress["deployments"]
+    assert ingress_options["autoscaling_config"] == {"min_replicas": 2, "max_replicas": 2, "initial_replicas": 2}
+    settings = {"wait_s": 2.0, "prefill_timeout_s": 30.0, "short_prompt_tokens": 128}  # each default written out
+    assert ingress_options["user_config"] == decode["deployments"][0]["user_config"] == settings
+    assert "user_config" not in prefill["deployments"][0]
 
 
 def test_without_failover_the_app_is_rays_own_builder_and_the_code_still_ships() -> None:
@@ -105,12 +127,17 @@ def test_each_engine_moves_kv_with_nixl_over_libfabric(default_service: dict[str
     config = serve_args(default_service)[f"{phase}_config"]
     assert "kv_transfer_config" not in config  # Ray 2.5x rejects it beside engine_kwargs
     assert config["model_loading_config"] == {"model_id": "qwen3.5-9b", "model_source": "Qwen/Qwen3.5-9B"}
-    assert config["deployment_config"] == {
-        "num_replicas": 1,
+    assert config["deployment_config"] == {}
+    assert serve_args(default_service)[f"{phase}_deployment"] == {
+        "name": f"{phase.title()}:qwen3_5-9b",
+        "autoscaling_config": {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1},
         "graceful_shutdown_timeout_s": 300.0,
         "health_check_period_s": 10.0,
         "health_check_timeout_s": 10.0,
+        **({"user_config": serve_args(default_service)["failover"]} if phase == "decode" else {}),
     }
+    # Each phase's NIXL side channels from a port range of its own (one pod may hold both).
+    assert config["experimental_configs"] == {"NIXL_SIDE_CHANNEL_PORT_BASE": {"prefill": 20000, "decode": 21000}[phase]}
     engine = config["engine_kwargs"]
     assert {k: engine[k] for k in ("max_model_len", "dtype", "gpu_memory_utilization", "enforce_eager")} == {
         "max_model_len": 4096,
@@ -142,7 +169,7 @@ def test_per_phase_settings_reach_their_engine() -> None:
         )
     )
     prefill, decode = args["prefill_config"], args["decode_config"]
-    assert prefill["deployment_config"]["num_replicas"] == 2
+    assert args["prefill_deployment"]["autoscaling_config"]["max_replicas"] == 2
     assert (
         prefill["engine_kwargs"]["tensor_parallel_size"],
         decode["engine_kwargs"]["tensor_parallel_size"],

@@ -173,8 +173,8 @@ def test_k8s_diff_shows_fields_not_strings(template_file: Path, longer_context: 
     assert result.returncode == 1
     out = result.stdout
     assert (
-        "RayLlmPdServing/RayService/inference/ray-llm.spec.serveConfigV2.applications[pd-openai].args."
-        "decode_config.engine_kwargs.max_model_len: 4096 -> 8192"
+        "RayLlmPdServing/RayService/inference/ray-llm.spec.serveConfigV2.applications[pd-decode].args."
+        "llm_config.engine_kwargs.max_model_len: 4096 -> 8192"
     ) in out
     assert "rayClusterConfig.workerGroupSpecs[gpu-workers].replicas: 2 -> 3" in out
     assert "4 change(s)" not in out or out.count("max_model_len") == 2

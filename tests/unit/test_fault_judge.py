@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rehearsal.faults import CONTROL_OUTCOME, REPLACED, Outcome, holds, judge, main, near_tie
+from rehearsal.faults import CONTROL_OUTCOME, REPLACED, UPDATES, Outcome, holds, judge, main, near_tie
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -327,20 +327,22 @@ def test_failures_are_counted_by_kind_without_request_ids_and_the_bounds_are_mea
     assert round(result["longest_failed_s"], 3) == 120.0
 
 
-def test_the_update_fault_is_two_redeploys_each_bounded_and_the_slowest_request_is_measured() -> None:
-    """The update fault changes a prefill and then a decode engine setting: two injections, each
-    must serve again with no wrong answer; a request Serve held during the switch is the window's
-    slowest, whether or not it failed."""
-    update = {
-        "fault": "prefill engine setting changed, serve config redeployed",
-        "recovered_s": 2.0,
-        "wrong_answers": 0,
-    }
-    both = [update, {**update, "fault": "decode engine setting changed, serve config redeployed"}]
-    report = {"faults_chosen": ["update"], "gcs_fault_tolerance": False, "faults": both}
+def test_the_update_fault_is_one_redeploy_per_change_each_bounded_and_the_slowest_request_is_measured() -> None:
+    """The update fault makes each change of ``UPDATES`` in turn (a prefill, a decode, a both-phase
+    engine change, an autoscaling target, a failover setting): one injection each, each must serve
+    again with no wrong answer and, with the failover (each phase its own application), fail no
+    request; a request Serve held during the switch is the window's slowest, whether or not it failed."""
+    update = {"recovered_s": 2.0, "wrong_answers": 0, "requests_failed": 0}
+    changes = [{**update, "fault": f"{name} changed, serve config redeployed"} for name in UPDATES.values()]
+    report = {"faults_chosen": ["update"], "gcs_fault_tolerance": False, "faults": changes}
     assert holds(report)
-    assert not holds({**report, "faults": both[:1]})
-    assert not holds({**report, "faults": [both[0], {**both[1], "recovered_s": None}]})
+    assert not holds({**report, "faults": changes[:2]})
+    assert not holds({**report, "faults": [*changes[:-1], {**changes[-1], "recovered_s": None}]})
+    # One refused request fails it with the failover, not without (Ray's one application).
+    refused = [*changes[:-1], {**changes[-1], "requests_failed": 1}]
+    assert holds({**report, "faults": refused})
+    assert not holds({**report, "faults": refused, "failover": {"wait_s": 2.0}})
+    assert holds({**report, "failover": {"wait_s": 2.0}})
     (result,) = judge(events(outcome(9.0, 10.5), outcome(10.6, 80.6), outcome(80.7, 81.0), outcome(81.0, 81.5)), 240)
     assert result["requests_failed"] == 0 and round(result["slowest_s"], 1) == 70.0
 

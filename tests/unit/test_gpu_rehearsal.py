@@ -15,6 +15,7 @@ import pytest
 from support import ROOT, leaves
 
 from eks_pd_serving.catalog import MODELS
+from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.sizing import GIB, MIB
 from rehearsal import bench, gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint
 
@@ -23,9 +24,21 @@ H200 = gpu_profile.GpuHost(gpus=2, total_bytes=int(139.8 * GIB), name="NVIDIA H2
 
 
 def _changed(deployed: dict[str, Any], rehearsed: dict[str, Any]) -> set[str]:
-    before, after = leaves(deployed), leaves(rehearsed)
+    """The leaves the profile changed: an engine's as ``<phase>_config/<path>``, the failover's
+    settings as ``failover/<key>`` (wherever the config holds them)."""
+    before, after = _by_phase(deployed), _by_phase(rehearsed)
     assert set(before) <= set(after)  # nothing removed
-    return {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+    return {k for k in after if before.get(k) != after[k]}
+
+
+def _by_phase(serve_config: dict[str, Any]) -> dict[str, Any]:
+    found = {
+        f"{phase}_config{path}": v
+        for phase, llm in layout.phase_llm_configs(serve_config)
+        for path, v in leaves(llm).items()
+    }
+    found |= {f"failover/{k}": v for settings in layout.failover_settings(serve_config) for k, v in settings.items()}
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +50,7 @@ def test_the_deployed_s3_source_maps_back_to_its_catalogue_row(deployed: dict[st
     """issue 37: `emulate` on the default template raised KeyError on the s3:// model source."""
     from eks_pd_serving.weights import weights_prefix
 
-    prefill = deployed["applications"][0]["args"]["prefill_config"]
+    prefill = layout.llm_config(deployed, "prefill")
     source = prefill["model_loading_config"]["model_source"]
     assert source.startswith("s3://") and source not in MODELS
     assert gpu_profile.catalogue_source(source) == "Qwen/Qwen3.5-9B"
@@ -61,7 +74,7 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
             "runtime_env/env_vars/VLLM_DP_MASTER_PORT",
         )
     } | {"failover/short_prompt_tokens"}
-    decode = rehearsed["applications"][0]["args"]["decode_config"]["engine_kwargs"]
+    decode = layout.llm_config(rehearsed, "decode")["engine_kwargs"]
     assert decode["kv_transfer_config"]["kv_buffer_device"] == "cuda"
     assert decode["kv_transfer_config"]["kv_connector_extra_config"]["backends"] == ["UCX"]
     assert decode["language_model_only"] is True  # text-only as deployed
@@ -83,7 +96,7 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
     host = dataclasses.replace(H200, gpus=1)
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), host, dummy_weights=True)
     for side in gpu_profile.SIDES:
-        llm = rehearsed["applications"][0]["args"][side]
+        llm = layout.llm_config(rehearsed, side.removesuffix("_config"))
         assert llm["placement_group_config"]["bundles"][0]["GPU"] == 0.5
         assert llm["engine_kwargs"]["gpu_memory_utilization"] == gpu_profile.SHARED_GPU_UTILIZATION
     # Each engine's Ray worker asks for the bundle's half, not vLLM's default whole GPU.
@@ -98,7 +111,8 @@ def test_the_two_engines_on_one_host_probe_disjoint_tcpstore_ports(deployed: dic
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), dataclasses.replace(H200, gpus=1), dummy_weights=True)
     windows = []
     for side in gpu_profile.SIDES:
-        base = int(rehearsed["applications"][0]["args"][side]["runtime_env"]["env_vars"]["VLLM_DP_MASTER_PORT"])
+        env = layout.llm_config(rehearsed, side.removesuffix("_config"))["runtime_env"]["env_vars"]
+        base = int(env["VLLM_DP_MASTER_PORT"])
         windows.append(set(range(base + 100, base + 132)))
     prefill, decode = windows
     assert prefill.isdisjoint(decode)

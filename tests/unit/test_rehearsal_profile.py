@@ -20,19 +20,23 @@ def test_reads_the_ray_service_cdk_synth_wrote(template_file: Path) -> None:
     assert (service["metadata"]["name"], service["metadata"]["namespace"]) == ("ray-llm", "inference")
     head = service["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     assert head["image"] == "763104351884.dkr.ecr.eu-west-1.amazonaws.com/ray:serve-llm-cuda-v1.0"
-    (app,) = profile.serve_config(service)["applications"]
-    assert app["import_path"] == "eks_pd_failover:build_failover_app"
+    apps = profile.serve_config(service)["applications"]
+    assert [(app["name"], app["import_path"]) for app in apps] == [
+        ("pd-prefill", "eks_pd_failover:build_prefill_app"),
+        ("pd-decode", "eks_pd_failover:build_decode_app"),
+        ("pd-openai", "eks_pd_failover:build_ingress_app"),
+    ]
 
 
 def test_local_profile_changes_only_what_is_documented(template_file: Path) -> None:
     deployed = profile.serve_config(profile.ray_service_from_template(template_file))
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    before, after = leaves(deployed), leaves(rehearsed)
-    changed = {k.split("/args/")[1] for k in after if before.get(k) != after[k]}
+    before, after = by_app(deployed), by_app(rehearsed)
+    changed = {k for k in after if before.get(k) != after[k]}
     # Every prompt disaggregated: the rehearsal's prompts are all short (profile.every_prompt_disaggregated).
-    assert changed == {"failover/short_prompt_tokens"} | {
-        f"{side}/{key}"
-        for side in ("prefill_config", "decode_config")
+    assert changed == {f"{app}/deployments/0/user_config/short_prompt_tokens" for app in ("pd-decode", "pd-openai")} | {
+        f"{app}/args/llm_config/{key}"
+        for app in ("pd-prefill", "pd-decode")
         for key in (
             "model_loading_config/model_source",
             "placement_group_config/bundles/0/CPU",
@@ -139,28 +143,31 @@ def test_the_rehearsed_autoscaled_config_is_the_default_plus_autoscaling(templat
         tmp_path, nag=False, autoscaling=True, prefill_max_replicas=1, decode_max_replicas=2,
         decode_target_ongoing_requests=1,
     )  # fmt: skip
-    default = leaves(profile.serve_config(profile.ray_service_from_template(template_file)))
+    default = by_app(profile.serve_config(profile.ray_service_from_template(template_file)))
     deployed = profile.serve_config(profile.ray_service_from_template(template))
-    scaled = leaves(deployed)
-    differing = {k.split("/args/")[1] for k in default.keys() | scaled.keys() if default.get(k) != scaled.get(k)}
-    scaling_keys = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s", "downscale_delay_s")
-    assert differing == {
-        f"{side}/deployment_config/{key}"
-        for side in ("prefill_config", "decode_config")
-        for key in ("num_replicas", *(f"autoscaling_config/{k}" for k in scaling_keys))
-    }
+    scaled = by_app(deployed)
+    differing = {k for k in default.keys() | scaled.keys() if default.get(k) != scaled.get(k)}
+    # Only the phases' autoscaling overrides: no application's args (Serve restarts none for them).
+    assert differing and all(
+        k.split("/", 1)[0] in ("pd-prefill", "pd-decode")
+        and k.split("/", 1)[1].startswith("deployments/0/autoscaling_config/")
+        for k in differing
+    ), differing
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    local = leaves(rehearsed)
-    changed = {k.split("/args/")[1] for k in local if scaled.get(k) != local[k]}
-    assert {k for k in changed if "deployment_config" in k} == {
-        f"{side}/deployment_config/autoscaling_config/upscale_delay_s" for side in ("prefill_config", "decode_config")
+    local = by_app(rehearsed)
+    changed = {k for k in local if scaled.get(k) != local[k]}
+    assert {k for k in changed if "autoscaling_config" in k} == {
+        f"{app}/deployments/0/autoscaling_config/upscale_delay_s" for app in ("pd-prefill", "pd-decode")
     }
-    decode = rehearsed["applications"][0]["args"]["decode_config"]
-    assert (
-        "num_replicas" not in decode["deployment_config"]
-    )  # Serve refuses both when it builds the app (deployment.py)
     control = profile.colocated_control(rehearsed)["applications"][0]["args"]["llm_configs"][0]
     assert control["deployment_config"] == {"num_replicas": 1}
+
+
+def by_app(serve_config: dict[str, Any]) -> dict[str, Any]:
+    """Every leaf of the config's applications, by ``<application name>/<path>``."""
+    return {
+        f"{app['name']}{path}": value for app in serve_config["applications"] for path, value in leaves(app).items()
+    }
 
 
 def _autoscale_report(added_replica_kv: float) -> dict[str, Any]:

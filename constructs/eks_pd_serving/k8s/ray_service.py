@@ -12,7 +12,7 @@ import cdk8s
 import cdk8s_plus_35 as kplus
 from constructs import Construct
 
-from .serve_config import build_pd_serving_args, build_serve_config, to_yaml
+from .serve_config import build_serve_config, to_yaml
 from .specs import (
     DASHBOARD_PORT,
     SERVE_PORT,
@@ -159,8 +159,7 @@ def _annotated(pod: dict[str, Any], key: str, digest: str) -> dict[str, Any]:
 
 
 def serve_config_yaml(props: RayServiceProps) -> str:
-    args = build_pd_serving_args(props.model, props.prefill, props.decode, props.kv)
-    return to_yaml(build_serve_config(args, props.failover))
+    return to_yaml(build_serve_config(props.models))
 
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:

@@ -54,6 +54,18 @@ class RolloutSpec:
     #: A digest of ``job_spec(self)`` as the template holds it (tokens resolved): the Job's name
     #: carries it, so any change of the spec is a new Job. Empty: the spec's own text.
     template_digest: str = ""
+    #: ``cluster``: rebuild the Ray cluster onto ``digest`` (``ray_upgrade_strategy=recreate``);
+    #: ``serve``: roll ``serve_config`` (the RayService's serveConfigV2 text) one Serve application at
+    #: a time, each step bounded by ``step_s``, unless the pods' code (``code``: annotation to
+    #: digest, as the head's template carries them) changes with the same deploy.
+    mode: str = "cluster"
+    serve_config: str = ""
+    step_s: int = 0
+    code: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def _part(self) -> str:
+        return "rollout" if self.mode == "cluster" else "serve-rollout"
 
     @property
     def job_name(self) -> str:
@@ -61,12 +73,12 @@ class RolloutSpec:
         fits ``JOB_NAME_MAX`` (the Job controller copies it into a pod label): the spec digest,
         which holds the whole service name, keeps two long names apart."""
         spec = self.template_digest or spec_digest(job_spec(self))
-        suffix = f"-rollout-{self.digest[:10]}-{spec[:6]}"
+        suffix = f"-{self._part}-{self.digest[:10]}-{spec[:6]}"
         return f"{self.ray_service[: JOB_NAME_MAX - len(suffix)].rstrip('-')}{suffix}"
 
     @property
     def service_account(self) -> str:
-        return f"{self.ray_service}-rollout"
+        return f"{self.ray_service}-{self._part}"
 
 
 class RolloutChart(cdk8s.Chart):
@@ -86,13 +98,7 @@ class RolloutChart(cdk8s.Chart):
             cdk8s.JsonPatch.add(
                 "/rules",
                 [
-                    {
-                        "apiGroups": ["ray.io"],
-                        "resources": ["rayservices"],
-                        "resourceNames": [spec.ray_service],
-                        "verbs": ["get"],
-                    },
-                    {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+                    *_ray_rules(spec),
                     # Its own Job: the annotations the deploy's wait steps read.
                     {
                         "apiGroups": ["batch"],
@@ -125,6 +131,18 @@ class RolloutChart(cdk8s.Chart):
         job.add_json_patch(cdk8s.JsonPatch.add("/spec", job_spec(spec)))
 
 
+def _ray_rules(spec: RolloutSpec) -> list[dict[str, Any]]:
+    """What the Job may do to Ray's objects: read the RayService and list, delete and patch its
+    RayClusters (cluster), or read and patch the RayService alone (serve: its serveConfigV2)."""
+    service = {"apiGroups": ["ray.io"], "resources": ["rayservices"], "resourceNames": [spec.ray_service]}
+    if spec.mode == "serve":
+        return [{**service, "verbs": ["get", "patch"]}]
+    return [
+        {**service, "verbs": ["get"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayclusters"], "verbs": ["list", "delete", "patch"]},
+    ]
+
+
 def spec_digest(spec: Any) -> str:
     """The digest a Job's name carries: of its spec's JSON (resolved to the template's form first
     where it holds tokens)."""
@@ -134,17 +152,25 @@ def spec_digest(spec: Any) -> str:
 def job_spec(spec: RolloutSpec) -> dict[str, Any]:
     """The Job's spec (without its name, which carries this spec's digest)."""
     program = spec.program
-    env: list[dict[str, Any]] = [
-        {"name": spec.env_names[key], "value": value}
-        for key, value in (
+    values: tuple[tuple[str, str], ...] = (
+        ("service", spec.ray_service),
+        ("namespace", spec.namespace),
+        ("digest", spec.digest),
+        ("deadline", str(spec.deadline_s)),
+        ("bounds", json.dumps({g: dict(b) for g, b in spec.bounds.items()}, sort_keys=True)),
+        ("window", str(spec.window_s)),
+    )
+    if spec.mode == "serve":
+        values = (
             ("service", spec.ray_service),
             ("namespace", spec.namespace),
-            ("digest", spec.digest),
-            ("deadline", str(spec.deadline_s)),
-            ("bounds", json.dumps({g: dict(b) for g, b in spec.bounds.items()}, sort_keys=True)),
+            ("mode", spec.mode),
+            ("serve_config", spec.serve_config),
+            ("step", str(spec.step_s)),
+            ("code", json.dumps(dict(spec.code), sort_keys=True)),
             ("window", str(spec.window_s)),
         )
-    ]
+    env: list[dict[str, Any]] = [{"name": spec.env_names[key], "value": value} for key, value in values]
     env.append(
         {
             "name": spec.env_names["job"],

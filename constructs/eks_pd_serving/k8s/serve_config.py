@@ -1,4 +1,14 @@
-"""The Ray Serve application (serveConfigV2) for prefill/decode disaggregation.
+"""The Ray Serve config (serveConfigV2) for prefill/decode disaggregation, built from the served
+models (``ServedModel``).
+
+With the failover, each phase of each model is a Serve application of its own and one ingress
+application on ``/`` serves every model. Serve versions an application by its ``args`` (and its
+import path, runtime env and a few override fields: ``APP_VERSION_FIELDS``), so a change of one
+phase's engine restarts that phase alone while the failover serves through the other. What Serve
+applies without restarting a replica (replica counts and autoscaling, the failover's settings as
+``user_config``, shutdown and health-check timing) sits in each application's ``deployments:``
+overrides, never in its args. Without the failover, Ray's ``build_pd_openai_app``: one application
+holding both engines, which any change restarts together.
 
 Both engines come from one model description, so they cannot disagree on the model. The KV
 transfer settings sit inside ``engine_kwargs``: Ray Serve LLM 2.5x rejects a
@@ -7,37 +17,71 @@ transfer settings sit inside ``engine_kwargs``: Ray Serve LLM 2.5x rejects a
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 import yaml
 
-from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec
+from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec, ServedModel
 
 APP_NAME = "pd-openai"
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
 KV_CONNECTOR = "NixlConnector"
 # vLLM >= 0.30 deprecates kv_both for NixlConnector: prefill produces, decode consumes.
 _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
+# Each phase's NIXL side channels from a port of its own: Ray's NIXL backend binds base + the
+# replica's rank in its deployment (``kv_transfer/nixl.py``, ``experimental_configs``, default
+# 20000 for both), so a prefill and a decode replica of rank 0 on one pod would both bind 20000;
+# the loser's listener dies (seen in the CPU rehearsal once the phases were two applications).
+NIXL_PORT_BASES = {"prefill": 20000, "decode": 21000}
+PHASES = ("prefill", "decode")
+# Ray's deployment names: build_llm_deployment's prefix and the model id with "/" and "." replaced
+# (``_get_deployment_name`` in ray/llm/_internal/serve/core/server/builder.py, Ray 2.58).
+_PREFIXES = {"prefill": "Prefill:", "decode": "Decode:"}
+INGRESS_DEPLOYMENT = "OpenAiIngress"
+#: The ingress's replicas (on any Ray pod with a CPU): two, so its own restart (a model added, a
+#: model's max_model_len changed) stops one at a time and the proxies route to the other.
+INGRESS_REPLICAS = 2
+# What Serve 2.58 hashes into an application's code version (``get_app_code_version`` in
+# serve/_private/deploy_utils.py): a change of any restarts every deployment of that application.
+APP_VERSION_FIELDS = ("import_path", "runtime_env", "args")
+APP_VERSION_OVERRIDES = ("request_router_config", "deployment_actors", "autoscaling_config.policy")
 
 
 def deployment_config(engine: EngineSpec) -> dict[str, Any]:
-    """Serve's deployment options: a fixed count, or autoscaling between bounds (Ray Serve LLM
-    leaves ``target_ongoing_requests`` at 1e9 unless told, which never scales up); then the
-    replica's shutdown and health-check timing, explicit on both phases."""
+    """Serve's deployment options for a phase inside Ray's own ``build_pd_openai_app``: a fixed
+    count, or autoscaling between bounds (Ray Serve LLM leaves ``target_ongoing_requests`` at 1e9
+    unless told, which never scales up); then the replica's shutdown and health-check timing,
+    explicit on both phases."""
     scaling = engine.autoscaling
     replicas: dict[str, Any] = {"num_replicas": engine.replicas}
     if scaling is not None:
-        replicas = {
-            "autoscaling_config": {
-                "min_replicas": scaling.min_replicas,
-                "max_replicas": scaling.max_replicas,
-                "target_ongoing_requests": scaling.target_ongoing_requests,
-                "upscale_delay_s": scaling.upscale_delay_s,
-                "downscale_delay_s": scaling.downscale_delay_s,
-            }
-        }
+        replicas = {"autoscaling_config": _autoscaling(engine)}
+    return {**replicas, **_timing(engine)}
+
+
+def _autoscaling(engine: EngineSpec) -> dict[str, Any]:
+    """The phase's replicas as Serve's ``autoscaling_config``: between bounds, or a fixed count as
+    equal bounds. Always this one key, never ``num_replicas``: Serve hashes which overrides carry an
+    autoscaling config into the application's version, so moving between fixed and autoscaling
+    would restart the phase."""
+    scaling = engine.autoscaling
+    if scaling is None:
+        return {"min_replicas": engine.replicas, "max_replicas": engine.replicas, "initial_replicas": engine.replicas}
     return {
-        **replicas,
+        "min_replicas": scaling.min_replicas,
+        "max_replicas": scaling.max_replicas,
+        "target_ongoing_requests": scaling.target_ongoing_requests,
+        "upscale_delay_s": scaling.upscale_delay_s,
+        "downscale_delay_s": scaling.downscale_delay_s,
+    }
+
+
+def _timing(engine: EngineSpec) -> dict[str, Any]:
+    return {
         "graceful_shutdown_timeout_s": engine.graceful_shutdown_timeout_s,
         "health_check_period_s": engine.health_check_period_s,
         "health_check_timeout_s": engine.health_check_timeout_s,
@@ -60,11 +104,14 @@ def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
     return config
 
 
-def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec) -> dict[str, Any]:
-    """One side's Ray Serve ``LLMConfig`` as a plain dict."""
+def build_llm_config(
+    phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec, *, replicas_in_args: bool = True
+) -> dict[str, Any]:
+    """One side's Ray Serve ``LLMConfig`` as a plain dict. ``replicas_in_args``: its replicas and
+    timing inside it (Ray's own builder); False: left to the application's overrides."""
     config: dict[str, Any] = {
         "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},
-        "deployment_config": deployment_config(engine),
+        "deployment_config": deployment_config(engine) if replicas_in_args else {},
         "engine_kwargs": {
             "max_model_len": model.max_model_len,
             "dtype": model.dtype,
@@ -78,6 +125,7 @@ def build_llm_config(phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTra
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
+    config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": NIXL_PORT_BASES[phase]}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
         bundle = {"GPU": 1, engine.placement_resource: 1}
@@ -95,31 +143,183 @@ def build_pd_serving_args(
     }
 
 
-def build_serve_config(pd_serving_args: dict[str, Any], failover: FailoverSpec | None = None) -> dict[str, Any]:
-    """The whole Serve config: one application on route ``/``. With ``failover``, its builder
-    (the same args, plus its own under ``failover.args_key``); without, Ray's ``build_pd_openai_app``."""
-    args = pd_serving_args
-    if failover is not None:
-        args = {
-            **pd_serving_args,
-            failover.args_key: {
-                "wait_s": failover.wait_s,
-                "prefill_timeout_s": failover.prefill_timeout_s,
-                "short_prompt_tokens": failover.short_prompt_tokens,
+def deployment_name(phase: str, model_id: str) -> str:
+    """The phase's deployment as Ray's ``build_llm_deployment`` names it."""
+    return _PREFIXES[phase] + model_id.replace("/", "--").replace(".", "_")
+
+
+def app_name(served: ServedModel, phase: str) -> str:
+    return f"{served.name}-{phase}"
+
+
+def pair_key(model: ModelSpec, kv: KvTransferSpec, engine: EngineSpec) -> str:
+    """What a phase's KV must agree on with the other's (model, weights, length, dtype, transfer,
+    weight format), as a digest: prefill refuses a decode whose key differs (one phase updated
+    before the other), so engines of different models or KV layouts are never paired."""
+    fields = {**asdict(model), "model_source": model.weights or model.model_source}
+    agreed = {"model": fields, "kv": asdict(kv), "quantization": engine.quantization}
+    return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _failover_settings(failover: FailoverSpec) -> dict[str, Any]:
+    return {
+        "wait_s": failover.wait_s,
+        "prefill_timeout_s": failover.prefill_timeout_s,
+        "short_prompt_tokens": failover.short_prompt_tokens,
+    }
+
+
+def _phase_app(served: ServedModel, phase: str, failover: FailoverSpec) -> dict[str, Any]:
+    engine = served.prefill if phase == "prefill" else served.decode
+    model, kv = served.model, served.kv
+    args: dict[str, Any] = {
+        "llm_config": build_llm_config(phase, model, engine, kv, replicas_in_args=False),
+        "pair": pair_key(model, kv, engine),
+    }
+    overrides: dict[str, Any] = {
+        "name": deployment_name(phase, model.model_id),
+        "autoscaling_config": _autoscaling(engine),
+        **_timing(engine),
+    }
+    if phase == "decode":
+        args["prefill"] = {"app": app_name(served, "prefill"), "deployment": deployment_name("prefill", model.model_id)}
+        overrides["user_config"] = _failover_settings(failover)
+    return {
+        "name": app_name(served, phase),
+        "import_path": failover.import_paths[phase],
+        "route_prefix": None,
+        "args": args,
+        "deployments": [overrides],
+    }
+
+
+def _ingress_app(models: Sequence[ServedModel], failover: FailoverSpec) -> dict[str, Any]:
+    entries = [
+        {
+            "model_id": served.model.model_id,
+            "max_model_len": served.model.max_model_len,
+            "adapters": False,
+            **{
+                phase: {"app": app_name(served, phase), "deployment": deployment_name(phase, served.model.model_id)}
+                for phase in ("decode", "prefill")
             },
         }
+        for served in models
+    ]
+    replicas = dict.fromkeys(("min_replicas", "max_replicas", "initial_replicas"), INGRESS_REPLICAS)
     return {
-        "applications": [
-            {
-                "name": APP_NAME,
-                "import_path": failover.import_path if failover else IMPORT_PATH,
-                "route_prefix": "/",
-                "args": args,
-            }
-        ]
+        "name": APP_NAME,
+        "import_path": failover.import_paths["ingress"],
+        "route_prefix": "/",
+        "args": {"models": entries},
+        "deployments": [
+            {"name": INGRESS_DEPLOYMENT, "autoscaling_config": replicas, "user_config": _failover_settings(failover)}
+        ],
     }
+
+
+def build_serve_config(models: Sequence[ServedModel]) -> dict[str, Any]:
+    """The whole Serve config. Models with failover: each phase its own application, rolled one at a
+    time (``rollout_order``), and one ingress on ``/`` (the first model's failover settings).
+    Without: Ray's ``build_pd_openai_app``, one application on ``/`` (one model only)."""
+    if not models:
+        raise ValueError("RayServiceProps.models: at least one served model")
+    names = [served.name for served in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"RayServiceProps.models: each model's name must be unique, got {names}")
+    failover = models[0].failover
+    if failover is None:
+        if len(models) > 1:
+            raise ValueError("RayServiceProps.models: several models need the failover (Ray's builder serves one)")
+        served = models[0]
+        args = build_pd_serving_args(served.model, served.prefill, served.decode, served.kv)
+        return {"applications": [{"name": APP_NAME, "import_path": IMPORT_PATH, "route_prefix": "/", "args": args}]}
+    if any(served.failover is None for served in models):
+        raise ValueError("RayServiceProps.models: give every model the failover, or serve one model without it")
+    phases = [_phase_app(served, phase, failover) for phase in PHASES for served in models]
+    return {"applications": [*phases, _ingress_app(models, failover)]}
+
+
+def rollout_order(serve_config: dict[str, Any]) -> list[str]:
+    """The applications in the order a change rolls through them: every prefill, every decode, then
+    the ingress (the config's own order)."""
+    return [app["name"] for app in serve_config["applications"]]
 
 
 def to_yaml(serve_config: dict[str, Any]) -> str:
     """Stable YAML: key order as built, so ``cdk diff`` only moves when a value does."""
     return yaml.safe_dump(serve_config, sort_keys=False, default_flow_style=False)
+
+
+# Readers of a built serve config, either layout (the rehearsals and the CLI take the deployed one).
+_KV_PHASES = {"kv_producer": "prefill", "kv_consumer": "decode"}
+
+
+def phase_llm_configs(serve_config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every engine's LLMConfig dict with its phase (by its KV role), in the config's order."""
+    found = []
+    for app in serve_config["applications"]:
+        args = app.get("args") or {}
+        for llm in (args.get("prefill_config"), args.get("decode_config"), args.get("llm_config")):
+            if isinstance(llm, dict):
+                role = llm["engine_kwargs"].get("kv_transfer_config", {}).get("kv_role", "")
+                found.append((_KV_PHASES.get(role, "colocated"), llm))
+    return found
+
+
+def llm_config(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
+    """The first model's ``phase`` engine's LLMConfig dict."""
+    return next(llm for found, llm in phase_llm_configs(serve_config) if found == phase)
+
+
+def replica_options(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
+    """Where the first model's ``phase`` replicas are set: its app's deployment override (the
+    failover's layout) or its LLMConfig's ``deployment_config`` (Ray's builder)."""
+    llm = llm_config(serve_config, phase)
+    name = deployment_name(phase, llm["model_loading_config"]["model_id"])
+    for app in serve_config["applications"]:
+        for override in app.get("deployments") or []:
+            if override.get("name") == name:
+                return dict(override)
+    return dict(llm["deployment_config"])
+
+
+def failover_settings(serve_config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The failover's settings as the config holds them (each deployment's ``user_config`` that
+    carries them); empty without the failover."""
+    return [
+        override["user_config"]
+        for app in serve_config["applications"]
+        for override in app.get("deployments") or []
+        if isinstance(override.get("user_config"), dict) and "wait_s" in override["user_config"]
+    ]
+
+
+def replica_title(serve_config: dict[str, Any], phase: str) -> str:
+    """The first model's ``phase`` replicas' process title prefix (``ServeReplica:<app>:<deployment>``)."""
+    for app in serve_config["applications"]:
+        for found, llm in phase_llm_configs({"applications": [app]}):
+            if found == phase:
+                return f"ServeReplica:{app['name']}:{deployment_name(phase, llm['model_loading_config']['model_id'])}"
+    raise ValueError(f"no {phase} engine in the serve config")
+
+
+def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[str, Any]]:
+    """The serve configs a change goes through so that no two applications change in one deploy
+    (Serve restarts them together): from ``current``, each changed application of ``target`` in
+    its order (every prefill, every decode, the ingress), one a step, the last step ``target``
+    itself. A change of the layout (applications added, removed or built by another import path)
+    is one step: the old applications hold the GPUs the new ones need."""
+    live = {app["name"]: app for app in current["applications"]}
+    names = [app["name"] for app in target["applications"]]
+    if set(live) != set(names) or any(
+        live[app["name"]]["import_path"] != app["import_path"] for app in target["applications"]
+    ):
+        return [target]
+    state = dict(live)
+    steps = []
+    for app in target["applications"]:
+        if live[app["name"]] != app:
+            state[app["name"]] = app
+            steps.append({**target, "applications": [state[name] for name in names]})
+    return steps

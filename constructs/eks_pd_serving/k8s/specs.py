@@ -3,6 +3,7 @@ Both the chart (ray_service.py) and the serve config (serve_config.py) read them
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,9 @@ class ModelSpec:
     gpu_memory_utilization: float
     # Text only: vLLM skips the vision tower (and its memory profiling) of a multimodal model.
     language_model_only: bool = False
+    #: What the weights are, in words that never hold a deploy-time token (``model_source`` may: a
+    #: bucket's name): the phases' pair key digests this instead. Default: "" (``model_source``).
+    weights: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,13 +130,13 @@ class KvGuardSpec:
 
 @dataclass(frozen=True)
 class FailoverSpec:
-    """The PD pair's failover (``eks_pd_failover``): the serve config's import path names its
-    builder, which reads ``args_key`` from the args. ``wait_s``: the longest a request waits for a
-    replica of one engine; ``prefill_timeout_s``: for prefill's answer; ``short_prompt_tokens``:
-    prompts of at most this many tokens are served on decode alone (0: none)."""
+    """The PD pair's failover (``eks_pd_failover``), which also splits the pair into one Serve
+    application per phase: ``import_paths`` names each application's builder by role (prefill,
+    decode, ingress). ``wait_s``: the longest a request waits for a replica of one engine;
+    ``prefill_timeout_s``: for prefill's answer; ``short_prompt_tokens``: prompts of at most this
+    many tokens are served on decode alone (0: none)."""
 
-    import_path: str
-    args_key: str
+    import_paths: Mapping[str, str]
     wait_s: float
     prefill_timeout_s: float
     short_prompt_tokens: int
@@ -148,6 +152,22 @@ class KvTransferSpec:
     # recompute the blocks it could not pull (a prefill replica gone); "fail" ends the request with
     # an error (vLLM 0.26.0's default). mapping.kv_load_failure_policy decides which.
     load_failure_policy: str = "fail"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One served model, the unit the serve config is built from: what both engines load, each
+    phase's engine and replicas, how KV moves between them, and the failover. With ``failover``,
+    each phase is a Serve application of its own (``<name>-prefill``, ``<name>-decode``) and one
+    ingress application serves every model; without, Ray's ``build_pd_openai_app`` (one model)."""
+
+    model: ModelSpec
+    prefill: EngineSpec
+    decode: EngineSpec
+    kv: KvTransferSpec
+    failover: FailoverSpec | None = None
+    #: Its Serve applications' prefix (unique per RayService). Default: "pd".
+    name: str = "pd"
 
 
 @dataclass(frozen=True)
@@ -237,10 +257,8 @@ class RayServiceProps:
     namespace: str
     image: str
     ray_version: str
-    model: ModelSpec
-    prefill: EngineSpec
-    decode: EngineSpec
-    kv: KvTransferSpec
+    #: The served models (one from the settings; typed props may add more, each with failover).
+    models: tuple[ServedModel, ...]
     head: PodResources
     workers: tuple[WorkerGroupSpec, ...]
     hybrid_model: bool
@@ -273,8 +291,6 @@ class RayServiceProps:
     # The failover's code, mounted on the head and every GPU worker whether failover is on or off
     # (as the guard's); None: not shipped.
     failover_program: PodProgram | None = None
-    # None: Ray's own build_pd_openai_app (pd_failover off).
-    failover: FailoverSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

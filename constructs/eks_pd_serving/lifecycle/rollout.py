@@ -2,14 +2,17 @@
 their sources; the table is held by tests/template/test_impact.py on real template pairs):
 
 - **Serve config** (``serveConfigV2``), applied to the running cluster under every strategy.
-  An application's code version hashes its ``import_path``, ``runtime_env`` and ``args``
-  (``serve/_private/deploy_utils.get_app_code_version``): a change there (every engine setting:
-  they are the PD builder's args) restarts **every deployment of the application**, both phases
-  and the ingress. Otherwise a deployment restarts only for its ``ray_actor_options``, placement
-  group or ``max_replicas_per_node`` (``DeploymentVersion.requires_actor_restart``); its
-  ``num_replicas``, autoscaling, ``max_ongoing_requests``, ``user_config`` and the like apply in
-  place. Serve replaces restarting replicas a few at a time; a phase with one replica is down
-  until its replacement has loaded the model.
+  An application's code version hashes its ``import_path``, ``runtime_env``, ``args``, its
+  ``autoscaling_policy``, and from its deployments' overrides their autoscaling policies, request
+  router configs and deployment actors (``serve/_private/deploy_utils.get_app_code_version``,
+  ``APP_CODE_VERSION``): a change there restarts **every deployment of that application**.
+  Otherwise a deployment restarts only for its ``ray_actor_options``, placement group or
+  ``max_replicas_per_node`` (``DeploymentVersion.requires_actor_restart``); its replicas,
+  autoscaling, ``max_ongoing_requests``, ``user_config`` and the like apply in place. With the
+  failover, each phase is an application of its own and the serve rollout Job restarts them one
+  at a time (prefill, decode, then the ingress) while the failover serves through the other: no
+  request fails. A change of the layout (applications added, removed, built by another import
+  path), and Ray's own one application without the failover, restart everything at once.
 - **Cluster config** (``rayClusterConfig``): KubeRay applies it only through a new RayCluster
   (``shouldPrepareNewCluster``). ``recreate`` (the stack's rollout Job, when the RayService
   carries the config digest): the deploy rebuilds the cluster when the digest changes and sets
@@ -28,8 +31,10 @@ import yaml
 from ..catalog.prices import INSTANCE_PRICES
 from ..rollout import digest_annotation
 
-# Ray Serve 2.58's application code version (deploy_utils.get_app_code_version).
+# Ray Serve 2.58's application code version (deploy_utils.get_app_code_version): the application's
+# own fields, and from each deployment override these (``autoscaling_config.policy``: the policy).
 APP_CODE_VERSION = ("import_path", "runtime_env", "args", "autoscaling_policy")
+OVERRIDE_CODE_VERSION = ("autoscaling_config.policy", "request_router_config", "deployment_actors")
 # DeploymentVersion.requires_actor_restart: the options that restart a deployment's replicas.
 RESTARTING_OPTIONS = ("ray_actor_options", "placement_group_bundles", "placement_group_strategy",
                       "max_replicas_per_node")  # fmt: skip
@@ -52,41 +57,94 @@ def _deployment_names(app: Mapping[str, Any]) -> list[str]:
     return sorted(str(n) for n in names if n) or ["every deployment"]
 
 
+def code_version(app: Mapping[str, Any]) -> dict[str, Any]:
+    """What Serve 2.58 hashes into ``app``'s code version (``APP_CODE_VERSION``, and each
+    override's fields of ``OVERRIDE_CODE_VERSION`` as Ray lists them: only overrides that set one)."""
+    overrides = app.get("deployments") or []
+    scaling = [d["autoscaling_config"] for d in overrides if isinstance(d.get("autoscaling_config"), dict)]
+    return {
+        **{key: app.get(key) for key in APP_CODE_VERSION},
+        "deployment_autoscaling_policies": [a.get("policy") for a in scaling],
+        "request_router_configs": [
+            d["request_router_config"] for d in overrides if isinstance(d.get("request_router_config"), dict)
+        ],
+        "deployment_actors": [
+            d["deployment_actors"] for d in overrides if isinstance(d.get("deployment_actors"), list)
+        ],
+    }
+
+
+def _phase_apps(apps: Mapping[str, Mapping[str, Any]]) -> bool:
+    """Whether the config is the failover's layout (each phase its own application), which the
+    stack's serve rollout rolls one application at a time."""
+    from ..fault_tolerance import failover
+
+    paths = set(failover.import_paths().values())
+    return bool(apps) and all(a.get("import_path") in paths for a in apps.values())
+
+
 def serve_lines(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """One line per application whose serve config changed: what restarts, or that it applies in place."""
+    """One line per application whose serve config changed: what restarts, and whether requests fail."""
     before, after = _apps(old), _apps(new)
+    layout_changed = set(before) != set(after) or any(
+        before[name].get("import_path") != after[name].get("import_path") for name in after
+    )
+    if layout_changed:
+        added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
+        moved = ", ".join(
+            [*(f"{a} added" for a in added), *(f"{r} removed" for r in removed)]
+            + [
+                f"{n} built by another import path"
+                for n in sorted(set(before) & set(after))
+                if before[n].get("import_path") != after[n].get("import_path")
+            ]
+        )
+        return [
+            f"serve config changed: the Serve layout changes ({moved}): every application restarts at once and "
+            "requests fail until the new engines serve (the outage: the engines' start and the model's load, "
+            "minutes); the serve rollout does not stage it (the old applications hold the GPUs the new ones need)"
+        ]
+    rolled = _phase_apps(after)
     lines = []
-    for name in sorted(set(before) | set(after)):
-        a, b = before.get(name), after.get(name)
+    for name in after:
+        a, b = before[name], after[name]
         if a == b:
             continue
-        if a is None or b is None:
-            lines.append(f"serve config: application {name} {'added' if a is None else 'removed'}")
-            continue
-        moved = [k for k in APP_CODE_VERSION if a.get(k) != b.get(k)]
-        if moved:
+        versioned = [k for k, v in code_version(b).items() if code_version(a).get(k) != v]
+        if versioned and rolled:
             lines.append(
-                f"serve config changed: application {name}'s {', '.join(moved)} changed, so Serve restarts every "
+                f"serve config changed: application {name} restarts ({', '.join(versioned)} changed, Serve 2.58's code "
+                "version), alone: the serve rollout Job applies it before the RayService's manifest, one "
+                "application at a time (prefill, decode, the ingress), waiting until each serves; the failover "
+                "serves through the other phase meanwhile, so no request fails (a stream on a stopping replica "
+                "finishes within its graceful shutdown)"
+            )
+            continue
+        if versioned:
+            lines.append(
+                f"serve config changed: application {name}'s {', '.join(versioned)} changed, so Serve restarts every "
                 f"deployment of it (both phases and the ingress: Ray Serve 2.58's code version hashes them); "
                 "replicas are replaced a few at a time, and a phase with one replica is down, requests to it "
                 "failing, until its replacement has loaded the model: the engines restart in place"
             )
             continue
         olds = {d.get("name"): d for d in a.get("deployments") or []}
+        found = False
         for deployment in b.get("deployments") or []:
             previous = olds.get(deployment.get("name")) or {}
             if previous == deployment:
                 continue
+            found = True
             restarting = [k for k in RESTARTING_OPTIONS if previous.get(k) != deployment.get(k)]
             lines.append(
                 f"serve config changed: deployment {deployment.get('name')} of {name} restarts "
                 f"({', '.join(restarting)} changed)"
                 if restarting
-                else f"serve config changed: deployment {deployment.get('name')} of {name}: applied in place, "
-                "no restart"
+                else f"serve config changed: deployment {deployment.get('name')} of {name}: applied in place "
+                "(replicas, autoscaling, the failover's settings, timing), no restart, no request fails"
             )
-        if not lines or not lines[-1].startswith("serve config changed: deployment"):
-            lines.append(f"serve config changed: application {name}: applied in place, no restart")
+        if not found:
+            lines.append(f"serve config changed: application {name}: applied in place, no restart, no request fails")
     return lines
 
 

@@ -52,6 +52,13 @@ def deadline_s(checkpoint_bytes: int | None, image_gib: float) -> int:
     return math.ceil(seconds / 60) * 60
 
 
+def step_s(checkpoint_bytes: int | None) -> int:
+    """How long one Serve application of the serve rollout may take to serve again (whole minutes):
+    its engines' start and each replica's read of the checkpoint, on nodes that have the image."""
+    mib = (checkpoint_bytes if checkpoint_bytes is not None else UNKNOWN_MODEL_GIB * 2**30) / 2**20
+    return math.ceil((ENGINES_START_S + mib / S3_READ_MIB_S) / 60) * 60
+
+
 def windows(deadline: int) -> int:
     """How many windows of ``WINDOW_S`` the Job's deadline spans (the deploy's wait steps: one for
     the Job's start, one for each window but the last, one for its success)."""

@@ -25,6 +25,17 @@ and the window's number), and at success every window at once. A call the API se
 answer (429, 5xx, a timeout or a dropped connection: about 150 calls a rollout) is tried again with
 backoff inside the deadline, and a DELETE of a RayCluster already gone counts as done. Standard
 library only (the Ray image's Python), the pod's service account token for the Kubernetes API.
+
+In ``serve`` mode (``EKS_PD_ROLLOUT_MODE``), made by the stack for one serve config
+(``EKS_PD_ROLLOUT_SERVE_CONFIG``, the RayService's ``serveConfigV2`` as the template holds it) and
+applied before the RayService, it rolls a change of the Serve applications one application at a
+time (``rollout_steps``: every prefill, every decode, then the ingress), so Serve never restarts two
+together and the failover always has a phase standing: for each step it patches the RayService's
+``serveConfigV2`` (KubeRay submits it) and waits, bounded by ``EKS_PD_ROLLOUT_STEP_S``, until KubeRay
+has seen the patch and reports the step's application RUNNING with every deployment HEALTHY,
+``SETTLE_S`` after the patch and on two reads in a row. No RayService yet (a first deploy), or
+nothing changed: exit 0 at once. The RayService's manifest, applied next, then holds the same text
+(PyYAML reads the running config: the Ray image has it).
 """
 
 from __future__ import annotations
@@ -53,7 +64,22 @@ ENV = {
     "window": "EKS_PD_ROLLOUT_WINDOW_S",
     # Its own Job's name (the Downward API, from the Job controller's label on its pods).
     "job": "EKS_PD_ROLLOUT_JOB",
+    # cluster (the default: rebuild the Ray cluster) or serve (roll the Serve applications).
+    "mode": "EKS_PD_ROLLOUT_MODE",
+    "serve_config": "EKS_PD_ROLLOUT_SERVE_CONFIG",
+    "step": "EKS_PD_ROLLOUT_STEP_S",
+    # JSON: the pod annotations of the code the serve config imports, and their digests.
+    "code": "EKS_PD_ROLLOUT_CODE",
 }
+MODES = ("cluster", "serve")
+# After a patch, how long before a RUNNING read counts (KubeRay submits on its next reconcile,
+# within seconds of a spec change; Serve marks a rebuilt application DEPLOYING when it takes it).
+SETTLE_S = 15.0
+STEP_LINE = "rollout: serve config step"
+ROLLED_LINE = "rollout: serve config applied"
+UNCHANGED_LINE = "rollout: serve config unchanged"
+NO_SERVICE_LINE = "rollout: no RayService yet"
+NEW_CODE_LINE = "rollout: the pods' code changes with this deploy"
 # The Job controller's label on a Job's pods naming the Job (Kubernetes 1.27+): the pod's env reads
 # its Job's name from it.
 POD_JOB_LABEL = "batch.kubernetes.io/job-name"
@@ -252,8 +278,156 @@ def converge(
     return 1
 
 
+def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[str, Any]]:
+    """The serve configs a change goes through so that no two applications change in one step
+    (Serve restarts them together): from ``current``, each changed application of ``target`` in
+    its order, one a step, the last step ``target`` itself. A change of the layout (applications
+    added, removed or built by another import path) is one step: the old applications hold the GPUs
+    the new ones need. (The package's ``k8s.serve_config.rollout_steps``, which the rehearsals run;
+    a test holds the two alike.)"""
+    live = {app["name"]: app for app in current.get("applications") or []}
+    names = [app["name"] for app in target["applications"]]
+    if set(live) != set(names) or any(
+        live[a["name"]]["import_path"] != a["import_path"] for a in target["applications"]
+    ):
+        return [target]
+    state = dict(live)
+    steps = []
+    for app in target["applications"]:
+        if live[app["name"]] != app:
+            state[app["name"]] = app
+            steps.append({**target, "applications": [state[name] for name in names]})
+    return steps
+
+
+def step_serving(service: dict[str, Any], apps: list[str], generation: int) -> tuple[bool, str]:
+    """Whether KubeRay has seen ``generation`` and reports each of ``apps`` RUNNING with every
+    deployment HEALTHY on the active cluster; else what is missing."""
+    status = service.get("status") or {}
+    if int(status.get("observedGeneration") or 0) < generation:
+        return False, f"KubeRay has not seen generation {generation} yet"
+    found = (status.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    waiting = []
+    for app in apps:
+        app_status = found.get(app) or {}
+        unhealthy = sorted(
+            name
+            for name, d in (app_status.get("serveDeploymentStatuses") or {}).items()
+            if d.get("status") != "HEALTHY"
+        )
+        if app_status.get("status") != "RUNNING" or unhealthy:
+            waiting.append(
+                f"{app} {app_status.get('status', 'absent')}{(' ' + ', '.join(unhealthy)) if unhealthy else ''}"
+            )
+    return (not waiting), ", ".join(waiting)
+
+
+def roll_serve(
+    api: Api,
+    namespace: str,
+    name: str,
+    target_text: str,
+    step_s: float,
+    window_s: float | None = None,
+    job: str = "",
+    poll_s: float = 5.0,
+    settle_s: float = SETTLE_S,
+    load: Any = None,
+    dump: Any = None,
+    code: dict[str, str] | None = None,
+) -> int:
+    """Roll the RayService's Serve applications onto ``target_text`` one application at a time;
+    ``load``/``dump``: YAML's (PyYAML, the Ray image's; a test may pass JSON's)."""
+    if load is None or dump is None:
+        import yaml
+
+        load = load or yaml.safe_load
+        dump = dump or (lambda config: yaml.safe_dump(config, sort_keys=False, default_flow_style=False))
+    path = f"/apis/ray.io/v1/namespaces/{namespace}/rayservices/{name}"
+    target = load(target_text)
+    deadline_s = step_s * max(1, len(target["applications"]))
+    window_s = window_s or deadline_s
+    windows = max(1, math.ceil(deadline_s / window_s))
+
+    def mark(annotations: dict[str, str]) -> None:
+        if job and annotations:
+            api.call("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
+                     {"metadata": {"annotations": annotations}}, "application/merge-patch+json")  # fmt: skip
+
+    api.until = time.monotonic() + deadline_s
+    mark({STARTED: "true"})
+    started = time.monotonic()
+    try:
+        service = api.call("GET", path)
+    except urllib.error.HTTPError as error:
+        if error.code != 404:
+            raise
+        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        print(f"{NO_SERVICE_LINE}: {name} is created with this config", flush=True)
+        return 0
+    head = (((service.get("spec") or {}).get("rayClusterConfig") or {}).get("headGroupSpec") or {}).get(
+        "template"
+    ) or {}
+    running = (head.get("metadata") or {}).get("annotations") or {}
+    new_code = sorted(key for key, digest in (code or {}).items() if running.get(key) != digest)
+    if new_code:  # the config may need that code, which the pods get with the RayService's manifest
+        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        print(f"{NEW_CODE_LINE} ({', '.join(new_code)}): the serve config goes with the RayService", flush=True)
+        return 0
+    current = load((service.get("spec") or {}).get("serveConfigV2") or "") or {}
+    steps = rollout_steps(current, target) if current != target else []
+    if not steps:
+        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        print(f"{UNCHANGED_LINE}: {name} serves it already", flush=True)
+        return 0
+    marked = 0
+    before = {app["name"]: app for app in current.get("applications") or []}
+    for number, step in enumerate(steps, 1):
+        last = number == len(steps)
+        changed = [a["name"] for a in step["applications"] if before.get(a["name"]) != a] or [
+            a["name"] for a in step["applications"]
+        ]
+        text = target_text if last else dump(step)
+        answer = api.call("PATCH", path, {"spec": {"serveConfigV2": text}}, "application/merge-patch+json")
+        generation = int((answer.get("metadata") or {}).get("generation") or 0)
+        print(f"{STEP_LINE} {number}/{len(steps)}: {', '.join(changed)} (generation {generation})", flush=True)
+        patched, end, good, why = time.monotonic(), time.monotonic() + step_s, 0, ""
+        while True:
+            ok, why = step_serving(api.call("GET", path), [a["name"] for a in step["applications"]], generation)
+            good = good + 1 if ok and time.monotonic() - patched >= settle_s else 0
+            if good >= 2:
+                break
+            if time.monotonic() >= end:
+                line = (f"{FAILED_LINE}: step {number}/{len(steps)} ({', '.join(changed)}) of {name} did not serve "
+                        f"within {step_s:.0f} s: {why}")  # fmt: skip
+                print(line, file=sys.stderr, flush=True)
+                try:
+                    with open(TERMINATION_LOG, "w") as log:
+                        log.write(line)
+                except OSError:
+                    pass
+                return 1
+            passed = min(windows - 1, int((time.monotonic() - started) // window_s))
+            if passed > marked:
+                mark({f"{WINDOW}{k}": "passed" for k in range(marked + 1, passed + 1)})
+                marked = passed
+            time.sleep(poll_s)
+        before = {app["name"]: app for app in step["applications"]}
+    mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+    print(f"{ROLLED_LINE}: {len(steps)} step(s), {time.monotonic() - started:.0f} s", flush=True)
+    return 0
+
+
 def main() -> int:
-    values = {key: os.environ[name] for key, name in ENV.items()}
+    mode = os.environ.get(ENV["mode"], "cluster")
+    if mode == "serve":
+        values = {
+            key: os.environ.get(ENV[key], "")
+            for key in ("service", "namespace", "serve_config", "step", "window", "job")
+        }
+        return roll_serve(Api(), values["namespace"], values["service"], values["serve_config"], float(values["step"]),
+                          window_s=float(values["window"]), job=values["job"])  # fmt: skip
+    values = {key: os.environ[name] for key, name in ENV.items() if key not in ("mode", "serve_config", "step")}
     return converge(Api(), values["namespace"], values["service"], values["digest"], float(values["deadline"]),
                     bounds=json.loads(values["bounds"]), window_s=float(values["window"]),
                     job=values["job"])  # fmt: skip

@@ -1,6 +1,6 @@
 """The PD pair's failover (``eks_pd_failover``, pod-side) and how it ships: its source goes into a
 ConfigMap mounted on the Ray head and every GPU worker, on the pods' PYTHONPATH, and the serve
-config's import path names its builder (the build and the ingress may run on any Ray pod). The pod
+config's import paths name its builders (the build and the ingress may run on any Ray pod). The pod
 module imports Ray; its names are read here from its text, so the package does not need Ray."""
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ def _constant(name: str) -> object:
     return pod_code.constant(source(), FILE_NAME, name)
 
 
-def import_path() -> str:
-    return str(_constant("IMPORT_PATH"))
+def import_paths() -> dict[str, str]:
+    """Each application's builder by role: prefill, decode, ingress."""
+    return {str(k): str(v) for k, v in _constant("IMPORT_PATHS").items()}  # type: ignore[attr-defined]
 
 
 def args_key() -> str:
@@ -55,7 +56,7 @@ __all__ = [
     "MOUNT_PATH",
     "args_key",
     "cooldown_s",
-    "import_path",
+    "import_paths",
     "metric",
     "paths",
     "source",

@@ -57,7 +57,6 @@ from ray import serve
 # Not public in Ray 2.58: PDServingArgs (the builder's args), the request and error models the
 # ingress itself parses into (the public ones are subclasses: isinstance would miss Ray's own),
 # RawRequestInfo and the config defaults the builder applies.
-from ray.llm._internal.common.dict_utils import maybe_apply_llm_deployment_config_defaults
 from ray.llm._internal.serve.core.configs.openai_api_models import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -67,17 +66,28 @@ from ray.llm._internal.serve.core.configs.openai_api_models import (
     to_model_metadata,
 )
 from ray.llm._internal.serve.core.protocol import RawRequestInfo
-from ray.llm._internal.serve.serving_patterns.prefill_decode.builder import PDServingArgs
 
 # Public where Ray 2.58 makes them public (ray.serve.llm and its submodules).
-from ray.serve.llm import build_llm_deployment
+from ray.serve.llm import LLMConfig, build_llm_deployment
 from ray.serve.llm.deployment import LLMServer, PDDecodeServer, PDPrefillServer
 from ray.serve.llm.ingress import OpenAiIngress, make_fastapi_ingress
 from starlette.responses import JSONResponse, Response
 
-IMPORT_PATH = "eks_pd_failover:build_failover_app"
-# The serve config's args: Ray's PDServingArgs plus this key, taken off before Ray validates them.
+# One Serve application per phase of each model, and one ingress application on ``/`` for all of
+# them: each phase restarts alone when its own args change. Their builders, by role.
+IMPORT_PATHS = {
+    "prefill": "eks_pd_failover:build_prefill_app",
+    "decode": "eks_pd_failover:build_decode_app",
+    "ingress": "eks_pd_failover:build_ingress_app",
+}
+# The failover's settings: the ``user_config`` of decode's and the ingress's deployments (Serve
+# hands a change to ``reconfigure``, restarting no replica); named so in errors.
 ARGS_KEY = "failover"
+# A phase's args: ``llm_config`` (Ray's LLMConfig) and ``pair``, the digest of what its KV must
+# agree on with the other phase's (model, weights, dtype, KV transfer); decode's also ``prefill``
+# (``{"app": ..., "deployment": ...}``). The ingress's: ``models``, one ``{"model_id",
+# "max_model_len", "adapters", "decode", "prefill"}`` each.
+PAIR_MISMATCH_TYPE = "PdPairMismatch"
 METRIC = "eks_pd_requests_by_path"
 INGRESS_NAME = "OpenAiIngress"
 # disaggregated: remote prefill, then decode. short_prompt: on decode alone, by the threshold.
@@ -192,6 +202,10 @@ class Failover:
 
     def as_args(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+# Until ``reconfigure`` brings the deployment's own (Serve calls it before the replica serves).
+DEFAULT_FAILOVER = Failover(wait_s=2.0, prefill_timeout_s=30.0, short_prompt_tokens=0)
 
 
 class Refused(Exception):
@@ -493,27 +507,53 @@ class _Prompts:
 
 class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
     """Ray's prefill server; a request without ``kv_transfer_params`` (the ingress's fallback) is
-    served whole by its engine, as any LLMServer serves it, once its prompt may fit."""
+    served whole by its engine, as any LLMServer serves it, once its prompt may fit. Decode's
+    request names decode's ``pair``: another than this engine's (one phase updated before the
+    other) is refused with a 503 before the engine sees it, so decode prefills it itself."""
 
-    async def chat(self, request: Any, raw_request_info: Any = None) -> Any:
-        refusal = await self._oversized(request)
-        return _one(refusal) if refusal is not None else await super().chat(request, raw_request_info)
+    async def __init__(self, llm_config: Any, *, pair: str = "", **kwargs: Any) -> None:  # type: ignore[misc]
+        self._pair = pair
+        await super().__init__(llm_config, **kwargs)
 
-    async def completions(self, request: Any, raw_request_info: Any = None) -> Any:
-        refusal = await self._oversized(request)
-        return _one(refusal) if refusal is not None else await super().completions(request, raw_request_info)
+    def _unpaired(self, pair: str | None) -> Any:
+        if pair is None or pair == self._pair:
+            return None
+        message = f"this prefill engine serves pair {self._pair[:12]}, the request's decode {pair[:12]}"
+        return _one(ErrorResponse(error=ErrorInfo(message=message, type=PAIR_MISMATCH_TYPE, code=503)))
+
+    async def chat(self, request: Any, raw_request_info: Any = None, pair: str | None = None) -> Any:
+        refusal = self._unpaired(pair)
+        if refusal is not None:
+            return refusal
+        oversized = await self._oversized(request)
+        return _one(oversized) if oversized is not None else await super().chat(request, raw_request_info)
+
+    async def completions(self, request: Any, raw_request_info: Any = None, pair: str | None = None) -> Any:
+        refusal = self._unpaired(pair)
+        if refusal is not None:
+            return refusal
+        oversized = await self._oversized(request)
+        return _one(oversized) if oversized is not None else await super().completions(request, raw_request_info)
 
 
 class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
-    """Ray's decode orchestrator, prefilling locally when prefill cannot, or when the prompt is short."""
+    """Ray's decode orchestrator, prefilling locally when prefill cannot, or when the prompt is short.
+    Its prefill is another application's deployment, by name (``prefill``: app and deployment),
+    resolved at the first call, so the two start in any order."""
 
     async def __init__(  # type: ignore[misc]  # Serve's async constructor, as Ray's PDDecodeServer has
-        self, llm_config: Any, *, prefill_server: Any, failover: dict[str, Any], **kwargs: Any
+        self, llm_config: Any, *, prefill: dict[str, str], pair: str, **kwargs: Any
     ) -> None:
-        self._failover = Failover.parse(failover)
+        self._failover = DEFAULT_FAILOVER
+        self._pair = pair
         self._prefill = Breaker("prefill")
         self._paths = _Counter()
-        await super().__init__(llm_config, prefill_server=prefill_server, **kwargs)
+        handle = other_phase(prefill)
+        await super().__init__(llm_config, prefill_server=handle, **kwargs)
+
+    def reconfigure(self, user_config: Any) -> None:
+        """The failover's settings (the deployment's ``user_config``): a change restarts nothing."""
+        self._failover = Failover.parse(user_config)
 
     def _local(self, method: str, request: Any, raw: Any, path: str) -> AsyncGenerator[Any, None]:
         async def chunks() -> AsyncGenerator[Any, None]:
@@ -564,7 +604,7 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
             self._request_prefill_token_ids(prefill_request)
             chunks = attempt(
                 self._prefill_method(method, raw_request_info),
-                (prefill_request, raw_request_info),
+                (prefill_request, raw_request_info, self._pair),
                 failover.wait_s,
                 failover.prefill_timeout_s,
             )
@@ -603,22 +643,26 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
 
     def __init__(
         self,
-        llm_deployments: dict[str, Any],
         model_cards: dict[str, Any],
         *,
-        prefill_servers: dict[str, Any],
-        failover: dict[str, Any],
+        phases: dict[str, dict[str, dict[str, str]]],
         adapters: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
-        super().__init__(llm_deployments, model_cards, **kwargs)
-        self._failover = Failover.parse(failover)
-        self._whole = {model: handle.options(stream=True) for model, handle in prefill_servers.items()}
+        """``phases``: each model's decode and prefill deployments by application and name."""
+        decode = {model: other_phase(where["decode"]) for model, where in phases.items()}
+        super().__init__(decode, model_cards, **kwargs)
+        self._failover = DEFAULT_FAILOVER
+        self._whole = {model: other_phase(where["prefill"]).options(stream=True) for model, where in phases.items()}
         self._adapters = frozenset(adapters)
         self._decode = Breaker("decode")
         self._paths = _Counter()
         self._chars_limits: dict[str, int | None] = {}
         self._ask_limit_after = 0.0
+
+    def reconfigure(self, user_config: Any) -> None:
+        """The failover's settings (the deployment's ``user_config``): a change restarts nothing."""
+        self._failover = Failover.parse(user_config)
 
     async def _chars_limit(self, model: str, decode: Any) -> int | None:
         """Decode's ``prompt_chars_limit`` for ``model``, asked once while decode is believed up
@@ -743,31 +787,70 @@ def _error_response(
     return JSONResponse(status_code=code, content=content, headers=headers)
 
 
-def build_failover_app(args: dict[str, Any]) -> Any:
-    """The serve application: Ray's PD graph with the failover above (same deployments' names)."""
-    args = dict(args)
-    failover = Failover.parse(args.pop(ARGS_KEY, None))
-    pd = PDServingArgs.model_validate(args)
-    for config in (pd.prefill_config, pd.decode_config):
-        if config.engine_kwargs.get("data_parallel_size", 1) > 1:
-            raise ValueError("eks_pd_failover: data_parallel_size above 1 is not supported; use build_pd_openai_app")
-    prefill = build_llm_deployment(pd.prefill_config, name_prefix="Prefill:", deployment_cls=FailoverPrefillServer)
-    decode = build_llm_deployment(
-        pd.decode_config,
+def other_phase(where: dict[str, str]) -> Any:
+    """A handle to another application's deployment (``{"app": ..., "deployment": ...}``) by name,
+    not looked up until its first call: that application may start after this one, or restart
+    while this one serves (a call then waits for a replica, which ``attempt`` bounds)."""
+    return serve.get_deployment_handle(where["deployment"], where["app"], _check_exists=False)
+
+
+def _phase_config(args: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
+    unknown = sorted(set(args) - {"llm_config", "pair", *keys})
+    if unknown or "llm_config" not in args or not isinstance(args.get("pair"), str):
+        raise ValueError(f"eks_pd_failover: a phase's args are llm_config, pair and {keys}; got {sorted(args)}")
+    config = LLMConfig.model_validate(args["llm_config"])
+    if config.engine_kwargs.get("data_parallel_size", 1) > 1:
+        raise ValueError("eks_pd_failover: data_parallel_size above 1 is not supported; use build_pd_openai_app")
+    return config, args
+
+
+def build_prefill_app(args: dict[str, Any]) -> Any:
+    """One model's prefill phase, an application of its own (deployment ``Prefill:<model>``)."""
+    config, args = _phase_config(args, ())
+    return build_llm_deployment(
+        config, name_prefix="Prefill:", bind_kwargs={"pair": args["pair"]}, deployment_cls=FailoverPrefillServer
+    )
+
+
+def build_decode_app(args: dict[str, Any]) -> Any:
+    """One model's decode phase, an application of its own, calling its prefill by name."""
+    config, args = _phase_config(args, ("prefill",))
+    prefill = args.get("prefill")
+    if not isinstance(prefill, dict) or set(prefill) != {"app", "deployment"}:
+        raise ValueError(f"eks_pd_failover: decode's prefill is {{app, deployment}}; got {prefill!r}")
+    return build_llm_deployment(
+        config,
         name_prefix="Decode:",
-        bind_kwargs={"prefill_server": prefill, "failover": failover.as_args()},
+        bind_kwargs={"prefill": dict(prefill), "pair": args["pair"]},
         deployment_cls=FailoverDecodeServer,
     )
-    options = maybe_apply_llm_deployment_config_defaults(
-        FailoverIngress.get_deployment_options([pd.decode_config]), pd.ingress_deployment_config
-    )
-    # Ray's ingress deployment's name (its class's), so dashboards and alarms see the same deployments.
-    options = {"name": INGRESS_NAME, **options}
-    model_id = pd.decode_config.model_id
+
+
+@dataclass(frozen=True)
+class _Card:
+    """What Ray's model card reads of an LLMConfig (``to_model_metadata``), without the engine
+    settings: an engine change then leaves the ingress's args as they were."""
+
+    model_id: str
+    max_request_context_length: int | None
+    input_modality: str = "text"
+
+
+def build_ingress_app(args: dict[str, Any]) -> Any:
+    """The OpenAI ingress on ``/`` for every model, with the failover above: each model's decode and
+    prefill are other applications' deployments, by name. Ray's ingress deployment's name (its
+    class's), so dashboards and alarms see the same deployments."""
+    models = args.get("models")
+    if set(args) != {"models"} or not isinstance(models, list) or not models:
+        raise ValueError(f"eks_pd_failover: the ingress's args are models (a list); got {sorted(args)}")
+    phases, cards, adapters = {}, {}, []
+    for model in models:
+        model_id = model["model_id"]
+        phases[model_id] = {phase: dict(model[phase]) for phase in ("decode", "prefill")}
+        cards[model_id] = to_model_metadata(model_id, _Card(model_id, model.get("max_model_len")))
+        if model.get("adapters"):
+            adapters.append(model_id)
+    options = {"name": INGRESS_NAME, **FailoverIngress.get_deployment_options(None)}
     return serve.deployment(make_fastapi_ingress(FailoverIngress), **options).bind(
-        llm_deployments={model_id: decode},
-        model_cards={model_id: to_model_metadata(model_id, pd.decode_config)},
-        prefill_servers={model_id: prefill},
-        failover=failover.as_args(),
-        adapters=(model_id,) if pd.decode_config.lora_config is not None else (),
+        model_cards=cards, phases=phases, adapters=tuple(adapters)
     )

@@ -1,0 +1,114 @@
+"""Which Serve application a change restarts: each phase is an application of its own, so Serve
+(which versions an application by its ``args``, import path and runtime env) restarts only the
+phase whose engine changed; what Serve applies in place (replicas, autoscaling, the failover's
+settings) never reaches any application's ``args``; and none of these changes the RayCluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import ROOT, ray_service
+
+RAY_PYTHON = Path(os.environ.get("EKS_PD_RAY_PYTHON", ROOT / ".venv-ray" / "bin" / "python"))
+VERSIONED = ("import_path", "runtime_env", "args")  # what Serve 2.58 hashes into an app's code version
+
+
+def applications(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {app["name"]: app for app in yaml.safe_load(service["spec"]["serveConfigV2"])["applications"]}
+
+
+def restarted(before: dict[str, Any], after: dict[str, Any]) -> set[str]:
+    """The applications Serve rebuilds (every replica restarted) going from ``before`` to ``after``."""
+    old, new = applications(before), applications(after)
+    return {name for name in old.keys() | new.keys() if name not in old or name not in new} | {
+        name for name in old.keys() & new.keys() if any(old[name].get(k) != new[name].get(k) for k in VERSIONED)
+    }
+
+
+@pytest.mark.parametrize(
+    ("base", "change", "expected"),
+    [
+        ({}, {"decode_max_num_seqs": 8}, {"pd-decode"}),
+        ({}, {"prefill_max_num_seqs": 8}, {"pd-prefill"}),
+        ({}, {"prefill_enforce_eager": False}, {"pd-prefill"}),
+        # A change of both phases' engines: both, rolled one at a time by the serve rollout.
+        ({}, {"max_model_len": 8192}, {"pd-prefill", "pd-decode", "pd-openai"}),
+        # What Serve applies in place: no application's args.
+        ({"autoscaling": True}, {"autoscaling": True, "decode_target_ongoing_requests": 6}, set()),
+        ({"autoscaling": True}, {"autoscaling": True, "decode_max_replicas": 3}, set()),
+        ({}, {"failover_wait_s": 5, "failover_prefill_timeout_s": 20, "short_prompt_tokens": 64}, set()),
+    ],
+)
+def test_a_change_restarts_the_applications_of_the_phases_it_touches(
+    base: dict[str, Any], change: dict[str, Any], expected: set[str]
+) -> None:
+    before, after = ray_service(**base), ray_service(**{**base, **change})
+    assert before["spec"]["serveConfigV2"] != after["spec"]["serveConfigV2"]  # the change reached the config
+    assert restarted(before, after) == expected
+    if change.keys() != {"autoscaling", "decode_max_replicas"}:  # the node bounds follow the replica bound
+        assert before["spec"]["rayClusterConfig"] == after["spec"]["rayClusterConfig"]
+
+
+def test_an_engine_setting_that_changes_the_kv_layout_unpairs_the_phases() -> None:
+    """Decode pulls KV only from a prefill with its pair key: one of a model, a weight format and
+    a transfer. A per-phase engine setting leaves it; a model setting changes both phases' key."""
+    pairs = {
+        name: {app: spec["args"].get("pair") for app, spec in applications(ray_service(**settings)).items()}
+        for name, settings in (("default", {}), ("seqs", {"decode_max_num_seqs": 8}), ("len", {"max_model_len": 8192}))
+    }
+    assert pairs["default"]["pd-prefill"] == pairs["default"]["pd-decode"] == pairs["seqs"]["pd-decode"]
+    assert pairs["len"]["pd-prefill"] == pairs["len"]["pd-decode"] != pairs["default"]["pd-decode"]
+
+
+def two_models() -> dict[str, Any]:
+    """The settings' model and a second one, added as typed props (``RayServiceProps.models``)."""
+    from support import render_props
+
+    from eks_pd_serving import k8s
+
+    def add(props: k8s.RayServiceProps) -> k8s.RayServiceProps:
+        (first,) = props.models
+        second = replace(
+            first,
+            name="small",
+            model=replace(first.model, model_id="qwen3-0.6b", model_source="Qwen/Qwen3-0.6B", weights=""),
+        )
+        return replace(props, models=(first, second))
+
+    return render_props(add)
+
+
+def test_a_second_model_from_typed_props_gets_its_own_phase_applications_behind_one_ingress() -> None:
+    service = two_models()
+    apps = applications(service)
+    assert list(apps) == ["pd-prefill", "small-prefill", "pd-decode", "small-decode", "pd-openai"]
+    assert apps["small-decode"]["args"]["prefill"] == {"app": "small-prefill", "deployment": "Prefill:qwen3-0_6b"}
+    assert [m["model_id"] for m in apps["pd-openai"]["args"]["models"]] == ["qwen3.5-9b", "qwen3-0.6b"]
+    assert apps["small-prefill"]["args"]["pair"] != apps["pd-prefill"]["args"]["pair"]
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not RAY_PYTHON.exists(), reason=f"{RAY_PYTHON} missing: `make rayenv` creates it")
+def test_ray_accepts_each_phase_and_each_models_pair(tmp_path: Path) -> None:
+    manifest = tmp_path / "rayservice.json"
+    manifest.write_text(json.dumps(two_models()))
+    tool = ROOT / "tools" / "validate_serve_config.py"
+    ran = subprocess.run([str(RAY_PYTHON), str(tool), str(manifest)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr
+    assert "'small-decode' and its prefill accepted together as PDServingArgs ('qwen3-0.6b'" in ran.stdout
+    assert "application 'small-prefill' accepted: prefill of 'qwen3-0.6b', kv_producer, deployment" in ran.stdout
+    # The same check refuses a decode whose prefill is another model's (its pair key differs).
+    broken = two_models()
+    config = yaml.safe_load(broken["spec"]["serveConfigV2"])
+    config["applications"][3]["args"]["pair"] = config["applications"][0]["args"]["pair"]
+    broken["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    manifest.write_text(json.dumps(broken))
+    ran = subprocess.run([str(RAY_PYTHON), str(tool), str(manifest)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1 and "its pair key" in ran.stderr

@@ -1,0 +1,216 @@
+"""The serve rollout (rollout/eks_pd_rollout.py in ``serve`` mode) against a Kubernetes API that
+keeps a RayService as KubeRay 1.7 and Serve 2.58 would: a patch of ``spec.serveConfigV2`` raises
+``metadata.generation``; KubeRay sees it (``status.observedGeneration``) a poll later and submits
+the config; Serve restarts each application whose entry changed (DEPLOYING for a few polls, its
+deployments UPDATING) and leaves the others RUNNING. The program runs as the pod runs it (a
+subprocess), over HTTP; what KubeRay and Serve do is this emulation's, not run."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from support import ray_service
+
+from eks_pd_serving import rollout
+from eks_pd_serving.k8s import serve_config as layout
+
+PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
+NS, NAME, JOB = "inference", "ray-llm", "ray-llm-serve-rollout-abc-def"
+CODE = {"eks-pd-serving/failover-code": "d1"}
+
+
+def dump(config: dict[str, Any]) -> str:
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+class Service:
+    """The RayService and what KubeRay and Serve do with its serve config. ``restart_polls``: how
+    many reads an application that changed stays DEPLOYING (None: it never comes back)."""
+
+    def __init__(self, config: dict[str, Any], restart_polls: int | None = 2, code: str = "d1") -> None:
+        self.text, self.generation, self.observed = dump(config), 1, 1
+        self.running = {app["name"]: app for app in config["applications"]}
+        self.deploying: dict[str, int] = {}
+        self.restart_polls, self.code = restart_polls, code
+        self.patches: list[str] = []
+        #: Each read's set of applications Serve was restarting at once.
+        self.together: list[set[str]] = []
+        self.lock = threading.Lock()
+
+    def read(self) -> dict[str, Any]:
+        if self.observed < self.generation:  # KubeRay's reconcile: submit the spec's config
+            self.observed = self.generation
+            for app in yaml.safe_load(self.text)["applications"]:
+                if self.running.get(app["name"]) != app:
+                    self.deploying[app["name"]] = self.restart_polls if self.restart_polls is not None else 10**9
+                self.running[app["name"]] = app
+        elif self.deploying:
+            self.deploying = {a: n - 1 for a, n in self.deploying.items() if n > 1}
+        self.together.append(set(self.deploying))
+        statuses = {
+            name: {
+                "status": "DEPLOYING" if name in self.deploying else "RUNNING",
+                "serveDeploymentStatuses": {
+                    d["name"]: {"status": "UPDATING" if name in self.deploying else "HEALTHY"}
+                    for d in app.get("deployments") or []
+                },
+            }
+            for name, app in self.running.items()
+        }
+        annotations = {next(iter(CODE)): self.code}
+        return {
+            "metadata": {"name": NAME, "generation": self.generation},
+            "spec": {
+                "serveConfigV2": self.text,
+                "rayClusterConfig": {"headGroupSpec": {"template": {"metadata": {"annotations": annotations}}}},
+            },
+            "status": {"observedGeneration": self.observed, "activeServiceStatus": {"applicationStatuses": statuses}},
+        }
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, list[Service | None]]]:
+    state: list[Service | None] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+        def _answer(self, body: Any, code: int = 200) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _handle(self, method: str) -> None:
+            (service,) = state
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length)) if length else None
+            path = f"/apis/ray.io/v1/namespaces/{NS}/rayservices/{NAME}"
+            if self.path.startswith(f"/apis/batch/v1/namespaces/{NS}/jobs/"):
+                return self._answer({})
+            if service is None or self.path != path:
+                return self._answer({"message": "not found"}, 404)
+            with service.lock:
+                if method == "PATCH":
+                    assert self.headers["Content-Type"] == "application/merge-patch+json"
+                    service.text = body["spec"]["serveConfigV2"]
+                    service.generation += 1
+                    service.patches.append(service.text)
+                return self._answer(service.read())
+
+        def do_GET(self) -> None:
+            self._handle("GET")
+
+        def do_PATCH(self) -> None:
+            self._handle("PATCH")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_port}", state
+    server.shutdown()
+
+
+def run(base: str, target: dict[str, Any], step_s: float = 10) -> subprocess.CompletedProcess[str]:
+    """The program in serve mode as the Job runs it, with a test's API, no settle wait, fast polls."""
+    driver = (
+        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
+        "api.retry_first_s = 0.01; "
+        f"sys.exit(ns['roll_serve'](api, {NS!r}, {NAME!r}, {dump(target)!r}, {step_s!r}, job={JOB!r}, "
+        f"poll_s=0.02, settle_s=0.0, code={CODE!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def deployed() -> dict[str, Any]:
+    return yaml.safe_load(ray_service()["spec"]["serveConfigV2"])
+
+
+def both_phases_changed(config: dict[str, Any]) -> dict[str, Any]:
+    """The model's max_model_len 64 lower everywhere it is written, the pair key with it."""
+    changed = copy.deepcopy(config)
+    for app in changed["applications"]:
+        for _, llm in layout.phase_llm_configs({"applications": [app]}):
+            llm["engine_kwargs"]["max_model_len"] -= 64
+        if "pair" in app["args"]:
+            app["args"]["pair"] += "-new"
+        for model in app["args"].get("models", []):
+            model["max_model_len"] -= 64
+    return changed
+
+
+def test_a_change_of_both_phases_restarts_one_application_at_a_time_prefill_first(api: Any, deployed: Any) -> None:
+    base, state = api
+    state.append(service := Service(deployed))
+    target = both_phases_changed(deployed)
+    ran = run(base, target)
+    assert ran.returncode == 0, ran.stderr
+    steps = [
+        line.split(": ", 2)[2] for line in ran.stdout.splitlines() if line.startswith("rollout: serve config step")
+    ]
+    assert steps == ["pd-prefill (generation 2)", "pd-decode (generation 3)", "pd-openai (generation 4)"]
+    assert all(len(restarting) <= 1 for restarting in service.together), service.together
+    assert service.text == dump(target)  # the last step is the template's own text
+    # Each step waited for its application: decode was patched only once prefill served again.
+    assert yaml.safe_load(service.patches[1])["applications"][0] == target["applications"][0]
+
+
+def test_a_change_of_one_phase_is_one_step_and_no_change_none(api: Any, deployed: Any) -> None:
+    base, state = api
+    state.append(service := Service(deployed))
+    target = copy.deepcopy(deployed)
+    layout.llm_config(target, "decode")["engine_kwargs"]["max_num_seqs"] = 7
+    ran = run(base, target)
+    assert ran.returncode == 0 and len(service.patches) == 1 and "1/1: pd-decode" in ran.stdout
+    state[:] = [service := Service(deployed)]
+    ran = run(base, deployed)
+    assert ran.returncode == 0 and not service.patches and "rollout: serve config unchanged" in ran.stdout
+
+
+def test_a_step_that_does_not_serve_fails_the_job_naming_it(api: Any, deployed: Any) -> None:
+    base, state = api
+    state.append(Service(deployed, restart_polls=None))
+    ran = run(base, both_phases_changed(deployed), step_s=1)
+    assert ran.returncode == 1
+    assert (
+        "rollout failed: step 1/3 (pd-prefill) of ray-llm did not serve within 1 s: pd-prefill DEPLOYING" in ran.stderr
+    )
+
+
+def test_nothing_is_rolled_before_the_first_deploy_or_with_new_pod_code(api: Any, deployed: Any) -> None:
+    base, state = api
+    state.append(None)
+    ran = run(base, deployed)
+    assert ran.returncode == 0 and "rollout: no RayService yet" in ran.stdout
+    state[:] = [service := Service(deployed, code="d0")]
+    ran = run(base, both_phases_changed(deployed))
+    assert ran.returncode == 0 and not service.patches
+    assert "rollout: the pods' code changes with this deploy (eks-pd-serving/failover-code)" in ran.stdout
+
+
+@pytest.mark.parametrize("change", ["both", "decode", "layout", "none"])
+def test_the_pods_steps_are_the_packages(deployed: Any, change: str) -> None:
+    """The Job's copy of ``rollout_steps`` plans as the package's (which the rehearsals run)."""
+    target = copy.deepcopy(deployed)
+    if change == "both":
+        target = both_phases_changed(deployed)
+    elif change == "decode":
+        layout.llm_config(target, "decode")["engine_kwargs"]["max_num_seqs"] = 7
+    elif change == "layout":
+        target["applications"] = target["applications"][1:]
+    pod = __import__("runpy").run_path(str(PROGRAM))["rollout_steps"]
+    assert pod(deployed, target) == layout.rollout_steps(deployed, target)
+    assert len(layout.rollout_steps(deployed, target)) == {"both": 3, "decode": 1, "layout": 1, "none": 0}[change]
