@@ -235,7 +235,7 @@ def render_props(change: Any, **settings: Any) -> dict[str, Any]:
     props = change(ray_service_props(DeploymentConfig.create(**settings), RAY_IMAGE))
     documents = cdk8s.Testing.synth(RayServiceChart(cdk8s.App(), "RayService", props=props))
     (service,) = [d for d in documents if d["kind"] == "RayService"]
-    return service
+    return dict(service)
 
 
 def serve_args(service: dict[str, Any]) -> dict[str, Any]:

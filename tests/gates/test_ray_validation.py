@@ -83,7 +83,7 @@ def test_ray_accepts_its_own_builder_without_the_failover(tmp_path: Path) -> Non
     assert f"ray 2.58.0: {accepted}" in result.stdout
 
 
-def _edit_args(service: dict[str, Any], edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def _edit_args(service: dict[str, Any], edit: Callable[[dict[str, Any]], object]) -> dict[str, Any]:
     """``edit`` given a view of the first model (its phases' LLMConfigs as ``<phase>_config``, their
     deployment overrides as ``<phase>_deployment``, the decode application's args as ``decode_args``)."""
     serve = yaml.safe_load(service["spec"]["serveConfigV2"])
@@ -105,7 +105,7 @@ def _kv_beside_engine_kwargs(args: dict[str, Any]) -> None:
     side["kv_transfer_config"] = side["engine_kwargs"].pop("kv_transfer_config")
 
 
-BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+BROKEN: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
     ("kv_transfer_config beside engine_kwargs", _kv_beside_engine_kwargs, "Extra inputs are not permitted"),
     (
         "model ids differ",
@@ -152,7 +152,7 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
 
 @pytest.mark.parametrize(("_name", "edit", "message"), BROKEN, ids=[b[0] for b in BROKEN])
 def test_ray_rejects_a_broken_serve_config(
-    tmp_path: Path, _name: str, edit: Callable[[dict[str, Any]], None], message: str
+    tmp_path: Path, _name: str, edit: Callable[[dict[str, Any]], object], message: str
 ) -> None:
     result = run_ray_check(tmp_path, _edit_args(ray_service(), edit))
     assert result.returncode == 1

@@ -19,6 +19,9 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "g6e": {"gpu_instance_type": "g6e.8xlarge"},
     "volume": {"gpu_root_volume_gib": 300},
     "context": {"max_model_len": 2048},
+    "no_failover": {"pd_failover": False},
+    "scaled": {"autoscaling": True},
+    "scaled_target": {"autoscaling": True, "decode_target_ongoing_requests": 6},
     "internal": {"endpoint_exposure": "internal"},
     "observability_off": {"observability": False},
     "autoscaling": {"autoscaling": True},
@@ -68,8 +71,12 @@ def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dic
     assert group.effect.startswith("GPU node group replaced") and "engines reload the model" in group.effect
     assert group.resource in result.cleanup
     effects = sorted(o.effect.split(":")[0] for o in result.objects if o.object == "RayService/inference/ray-llm")
-    # The workers' pod size follows the GPU type, and so does max_num_seqs (the larger GPU's KV cache).
-    assert effects == ["RayCluster config changed under recreate", "serve config changed"]
+    # The workers' pod size follows the GPU type, and so does max_num_seqs (the larger GPU's KV cache):
+    # each phase's application restarts, one at a time; the ingress's does not.
+    assert effects == ["RayCluster config changed under recreate", *["serve config changed"] * 2]
+    serve = " ".join(o.effect for o in result.objects if o.effect.startswith("serve config changed"))
+    assert "application pd-prefill restarts" in serve and "application pd-decode restarts" in serve
+    assert "pd-openai" not in serve
     ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert REBUILDS in ray and "every request fails from the deletion until the new engines serve" in ray
     # The deploy's bound on it: the rollout Job's deadline, derived from the model and the image.
@@ -80,14 +87,16 @@ def test_a_gpu_instance_type_change_replaces_the_gpu_node_group(synthesized: dic
     job = [o for o in result.objects if o.object.startswith("Job/inference/ray-llm-rollout-")]
     assert sorted(o.action for o in job) == ["create", "prune"]
     waits = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")  # its start, its success
-    assert [w.action for w in waits] == ["modify", "modify"]
+    assert [w.action for w in waits if "ServeRollout" not in w.resource] == ["modify", "modify"]
 
 
 def test_under_manual_a_cluster_config_change_waits_for_a_recreate_by_hand(synthesized: dict[str, Path]) -> None:
     result = impact(synthesized, "manual", "manual_g6e")
     ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert "under upgradeStrategy None (manual)" in ray and MANUAL in ray
-    assert not by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+    # No cluster rollout waits: only the serve rollout's, for the phases' new max_num_seqs.
+    waits = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+    assert waits and all("ServeRollout" in w.resource for w in waits)
 
 
 def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(synthesized: dict[str, Path]) -> None:
@@ -101,13 +110,40 @@ def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(sy
     assert result.cleanup == ()
 
 
-def test_max_model_len_restarts_the_engines_in_place(synthesized: dict[str, Path]) -> None:
+def test_max_model_len_restarts_each_application_alone_one_at_a_time(synthesized: dict[str, Path]) -> None:
+    """A model setting is in every application's args: the serve rollout's new Job restarts them one
+    at a time (prefill, decode, the ingress) before the RayService's manifest; no request fails."""
     result = impact(synthesized, "base", "context")
-    assert [(c.action, c.type) for c in result.changes] == [("modify", "Custom::AWSCDK-EKS-KubernetesResource")]
-    (ray,) = result.objects
-    assert ray.effect.startswith("serve config changed") and "engines restart in place" in ray.effect
-    # An engine argument is the PD builder's args: Serve 2.58 restarts both phases and the ingress.
-    assert "application pd-openai's args changed, so Serve restarts every deployment of it" in ray.effect
+    manifests = [c.resource for c in by_type(result, "Custom::AWSCDK-EKS-KubernetesResource")]
+    assert sorted(m.removeprefix("PdServingCluster") for m in manifests) == [
+        "RayServiceChart91B4A846",
+        "RayServiceServeRolloutF46E52EA",
+    ]
+    waits = by_type(result, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+    assert waits and all("ServeRollout" in w.resource for w in waits)  # the new Job's start, windows, success
+    ray = [o.effect for o in result.objects if o.object == "RayService/inference/ray-llm"]
+    assert [e.split(" restarts")[0] for e in ray] == [
+        f"serve config changed: application {app}" for app in ("pd-prefill", "pd-decode", "pd-openai")
+    ]
+    assert all("one application at a time" in e and "no request fails" in e for e in ray)
+    job = [o for o in result.objects if o.object.startswith("Job/inference/ray-llm-serve-rollout-")]
+    assert sorted(o.action for o in job) == ["create", "prune"]
+
+
+def test_a_layout_change_says_it_is_the_outage(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "base", "no_failover")
+    ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
+    assert "the Serve layout changes (pd-decode removed, pd-prefill removed, pd-openai built by another" in ray
+    assert "requests fail until the new engines serve" in ray
+
+
+def test_an_autoscaling_target_restarts_nothing(synthesized: dict[str, Path]) -> None:
+    result = impact(synthesized, "scaled", "scaled_target")
+    ray = [o.effect for o in result.objects if o.object == "RayService/inference/ray-llm"]
+    assert ray == [
+        "serve config changed: deployment Decode:qwen3_5-9b of pd-decode: applied in place (replicas, autoscaling, "
+        "the failover's settings, timing), no restart, no request fails"
+    ]
 
 
 def test_internal_exposure_on_adds_the_controller_and_the_nlb_service(synthesized: dict[str, Path]) -> None:
@@ -187,7 +223,7 @@ def test_the_command_prints_a_deterministic_table_and_exits_1_on_a_change(synthe
     second = run_cli(str(synthesized["base"].parent), str(synthesized["g6e"].parent))
     assert first.returncode == 1 and first.stdout == second.stdout
     assert "REPLACE" in first.stdout and "GPU node group replaced" in first.stdout
-    assert first.stdout.rstrip().endswith("6 change(s)")
+    assert first.stdout.rstrip().endswith("10 change(s)")
 
 
 def test_the_command_exits_0_without_a_change_and_2_on_a_missing_folder(

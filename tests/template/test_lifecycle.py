@@ -115,7 +115,7 @@ def test_now_the_api_rule_goes_after_every_kubectl_resource(variants: dict[str, 
     model = variants["all"]
     (ingress,) = _ids(model, "AWS::EC2::SecurityGroupIngress", FromPort=443)
     kubectl = _ids(model, "Custom::AWSCDK-EKS-KubernetesResource") + _ids(model, "Custom::AWSCDK-EKS-HelmChart")
-    assert len(kubectl) == 11 and all(model.deleted_before(r, ingress) for r in kubectl)
+    assert len(kubectl) == 12 and all(model.deleted_before(r, ingress) for r in kubectl)
     assert ingress not in model.delete_waves()[0]
 
 
@@ -280,10 +280,11 @@ def test_the_move_rule_fails_when_the_new_manifest_is_not_applied_first(
     variants: dict[str, StackModel], break_: str
 ) -> None:
     broken = json.loads(json.dumps(variants["default"].template))
-    (service,) = [k for k in broken["Resources"] if k.startswith("PdServingClusterRayServiceChart")]
     (namespace,) = [k for k in broken["Resources"] if k.startswith("PdServingClusterRayServiceNamespaceChart")]
-    if break_ == "edge":
-        broken["Resources"][service]["DependsOn"].remove(namespace)
+    if break_ == "edge":  # every path from the RayService to its namespace (the serve rollout's too)
+        for resource in broken["Resources"].values():
+            if namespace in resource.get("DependsOn", []):
+                resource["DependsOn"].remove(namespace)
     else:
         del broken["Resources"][namespace]["Properties"]["Overwrite"]
     found = rules.moved_objects_applied_before_prune(before("default", BEFORE_RUNTIME), StackModel(broken))
@@ -410,7 +411,9 @@ def test_the_gcs_store_rule_fails_when_the_ray_service_no_longer_waits_for_the_s
     # The manifest names the store's endpoint (a reference) and lists the association: drop both.
     broken = json.loads(json.dumps(model.template))
     body = broken["Resources"][service]
-    body["DependsOn"] = [d for d in body["DependsOn"] if d != association]
+    for resource in broken["Resources"].values():  # the serve rollout's manifest, before it, too
+        if resource.get("DependsOn"):
+            resource["DependsOn"] = [d for d in resource["DependsOn"] if d != association]
     endpoint = json.dumps({"Fn::GetAtt": [store, "PrimaryEndPoint.Address"]})
     body["Properties"]["Manifest"] = json.loads(json.dumps(body["Properties"]["Manifest"]).replace(endpoint, '"x"'))
     found = rules.ray_clusters_outlive_no_gcs_store(StackModel(broken))
@@ -479,8 +482,8 @@ def test_a_job_that_keeps_its_name_with_another_spec_is_found(variants: dict[str
         if resource["Type"] == "Custom::AWSCDK-EKS-KubernetesResource" and "rollout" in json.dumps(resource):
             text = json.dumps(resource["Properties"]["Manifest"])
             resource["Properties"]["Manifest"] = json.loads(text.replace('\\"cpu\\":\\"50m\\"', '\\"cpu\\":\\"60m\\"'))
-    (finding,) = rule(old, StackModel(changed))
-    assert "keeps its name with another spec" in finding.missing
+    found = rule(old, StackModel(changed))  # the cluster rollout's Job and the serve rollout's
+    assert len(found) == 2 and all("keeps its name with another spec" in f.missing for f in found)
 
 
 @pytest.mark.parametrize("variant", ["odcr", "capacity_block"])
@@ -529,8 +532,10 @@ def test_a_rollout_job_name_over_a_label_value_is_found_on_the_template_before_t
     assert _found(variants["long_name"], rule) == [] and _found(variants["default"], rule) == []
     (finding,) = _found(before("long_name", BEFORE_FAILOVER), rule)
     assert finding.missing.endswith("has 66 characters, over 63")
-    (job,) = [name for name in _job_names(variants["long_name"]) if "-rollout-" in name]
+    (job,) = [name for name in _job_names(variants["long_name"]) if "-rollout-" in name and "-serve-" not in name]
     assert len(job) == 63 and job.startswith("a" * 37 + "-rollout-")
+    (serve,) = [name for name in _job_names(variants["long_name"]) if "-serve-rollout-" in name]
+    assert len(serve) == 63 and serve.startswith("a" * 31 + "-serve-rollout-")
 
 
 def _job_names(model: StackModel) -> list[str]:

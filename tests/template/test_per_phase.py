@@ -14,6 +14,7 @@ from aws_cdk.assertions import Template
 from support import logical_id, new_app, ray_service, serve_args, synth_assembly
 
 from eks_pd_serving.config import ConfigError, ConstructError, DeploymentConfig
+from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.pd_serving import PdServing
 from rehearsal import profile
 from stacks.pd_serving_stack import PdServingStack
@@ -131,9 +132,9 @@ def test_rehearsal_config_path_keeps_the_phase_pinning(tmp_path: Path) -> None:
     template = synth_assembly(tmp_path, nag=False, **PER_PHASE)
     deployed = profile.serve_config(profile.ray_service_from_template(template))
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    args = rehearsed["applications"][0]["args"]
-    assert args["prefill_config"]["placement_group_config"] == {"bundles": [{"CPU": 1, "prefill_gpu": 1}]}
-    assert args["decode_config"]["placement_group_config"] == {"bundles": [{"CPU": 1, "decode_gpu": 1}]}
+    prefill, decode = (layout.llm_config(rehearsed, phase) for phase in ("prefill", "decode"))
+    assert prefill["placement_group_config"] == {"bundles": [{"CPU": 1, "prefill_gpu": 1}]}
+    assert decode["placement_group_config"] == {"bundles": [{"CPU": 1, "decode_gpu": 1}]}
     assert profile.custom_resources(rehearsed) == {"prefill_gpu": 1.0, "decode_gpu": 1.0}
 
 

@@ -27,8 +27,11 @@ def synthesized(**settings: Any) -> dict[str, Any]:
     return dict(Template.from_stack(build_stack(**settings)).to_json())
 
 
-def objects(template: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [o for o in kubernetes_objects(template) if o["kind"] == kind]
+def objects(template: dict[str, Any], kind: str, serve: bool = False) -> list[dict[str, Any]]:
+    """The template's Kubernetes objects of ``kind``: the cluster rollout's, or (``serve``) the
+    serve rollout's (named ``<service>-serve-rollout...``), other objects either way."""
+    found = [o for o in kubernetes_objects(template) if o["kind"] == kind]
+    return [o for o in found if ("serve-rollout" in o["metadata"]["name"]) == serve]
 
 
 def digest(template: dict[str, Any]) -> str | None:
@@ -42,9 +45,14 @@ def _env(job: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _waits(template: dict[str, Any]) -> list[dict[str, Any]]:
-    """The deploy's wait steps on the Job, in the order their dependencies give."""
-    waits = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+def _waits(template: dict[str, Any], serve: bool = False) -> list[dict[str, Any]]:
+    """The deploy's wait steps on the (cluster or ``serve``) rollout Job, in the order their
+    dependencies give."""
+    waits = {
+        k: w
+        for k, w in resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue").items()
+        if ("ServeRollout" in k) == serve
+    }
     ordered: list[str] = []
     while len(ordered) < len(waits):
         ordered += [
@@ -136,8 +144,9 @@ def test_a_new_job_prunes_the_one_before_so_a_rollback_runs_the_old_job_again() 
     make the rollback's wait pass at once while the new, possibly broken, cluster serves."""
     template = synthesized()
     manifests = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource")
-    (rid,) = [r for r, m in manifests.items() if '"kind\\":\\"Job\\"' in json.dumps(m["Properties"]["Manifest"])]
-    assert "PruneLabel" in manifests[rid]["Properties"]
+    jobs = [r for r, m in manifests.items() if '"kind\\":\\"Job\\"' in json.dumps(m["Properties"]["Manifest"])]
+    assert all("PruneLabel" in manifests[r]["Properties"] for r in jobs)  # the serve rollout's too
+    (rid,) = [r for r in jobs if "ServeRollout" not in r]
     (service_rid,) = [
         r for r, m in manifests.items() if '"kind\\":\\"RayService\\"' in json.dumps(m["Properties"]["Manifest"])
     ]
@@ -191,7 +200,7 @@ def test_manual_and_new_cluster_have_no_job(strategy: str) -> None:
     extra = {"system_node_count": 2} if strategy == "NewCluster" else {}
     template = synthesized(ray_upgrade_strategy=strategy, **extra)
     assert objects(template, "Job") == [] and digest(template) is None
-    assert resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue") == {}
+    assert _waits(template) == []
     (service,) = objects(template, "RayService")
     assert service["spec"]["upgradeStrategy"] == {"type": "NewCluster" if strategy == "NewCluster" else "None"}
 
@@ -221,3 +230,46 @@ def test_the_digest_leaves_out_exactly_the_in_place_fields() -> None:
     assert rollout.cluster_config_digest(moved) == rollout.cluster_config_digest(config)
     group["template"]["spec"]["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists"}]
     assert rollout.cluster_config_digest(moved) != rollout.cluster_config_digest(config)
+
+
+# --- the serve rollout (each phase its own Serve application) ---------------------------------
+def test_the_serve_rollout_job_runs_before_the_ray_service_with_rights_on_it_alone() -> None:
+    """Under every strategy: a Job named for the serve config, applied (and waited on) before the
+    RayService's manifest, which may read and patch that RayService and mark itself, nothing else."""
+    for strategy in ("recreate", "manual"):
+        template = synthesized(ray_upgrade_strategy=strategy)
+        (job,) = objects(template, "Job", serve=True)
+        (role,) = objects(template, "Role", serve=True)
+        assert job["metadata"]["name"].startswith("ray-llm-serve-rollout-")
+        assert role["rules"] == [
+            {
+                "apiGroups": ["ray.io"],
+                "resources": ["rayservices"],
+                "resourceNames": ["ray-llm"],
+                "verbs": ["get", "patch"],
+            },
+            {
+                "apiGroups": ["batch"],
+                "resources": ["jobs"],
+                "resourceNames": [job["metadata"]["name"]],
+                "verbs": ["patch"],
+            },
+        ]
+        env = _env(job)
+        names = rollout.env_names()
+        assert env[names["mode"]] == "serve" and "pd-decode" in str(env[names["serve_config"]])
+        assert env[names["step"]] == "420"  # Qwen3.5-9B: the engines' start and the checkpoint's read
+        (service,) = objects(template, "RayService")
+        assert str(env[names["serve_config"]]) == str(service["spec"]["serveConfigV2"]).replace("\n", "\n")
+        waits = _waits(template, serve=True)
+        assert [w["JsonPath"] for w in waits][-1] == ".status.succeeded"
+        charts = resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesResource")
+        ray_chart = next(k for k in charts if k.startswith("PdServingClusterRayServiceChart"))
+        serve_wait = next(k for k in resources_of_type(template, "Custom::AWSCDK-EKS-KubernetesObjectValue")
+                          if k.startswith("PdServingRayServiceServeRolloutWait"))  # fmt: skip
+        assert serve_wait in charts[ray_chart]["DependsOn"]
+
+
+def test_without_the_failover_there_is_no_serve_rollout() -> None:
+    template = synthesized(pd_failover=False)
+    assert objects(template, "Job", serve=True) == [] and _waits(template, serve=True) == []

@@ -241,7 +241,12 @@ def test_the_failures_page_shows_the_runbooks_command_as_the_package_has_it() ->
     shown = "\n".join(line.removeprefix("  ") for line in page.splitlines())
     assert runbook.replace_decode_command() in shown
     assert runbook.replace_decode_command("other") not in shown  # the check can fail
-    assert f"SERVE_REPLICA::{serve_config.APP_NAME}#Decode" == runbook.DECODE_REPLICA_PREFIX
+    # Decode's replicas in either layout: its own application, or Ray's one.
+    for app in ("pd-decode", serve_config.APP_NAME):
+        name = f"{runbook.REPLICA_PREFIX}{app}#{serve_config.deployment_name('decode', 'qwen3.5-9b')}#abc"
+        assert name.startswith(runbook.REPLICA_PREFIX) and runbook.DECODE_DEPLOYMENT in name
+    prefill = f"SERVE_REPLICA::pd-prefill#{serve_config.deployment_name('prefill', 'qwen3.5-9b')}#abc"
+    assert runbook.DECODE_DEPLOYMENT not in prefill
 
 
 def undocumented_rules(page: str) -> list[str]:

@@ -105,7 +105,7 @@ def api() -> Iterator[tuple[str, list[Service | None]]]:
                 return self._answer({"message": "not found"}, 404)
             with service.lock:
                 if method == "PATCH":
-                    assert self.headers["Content-Type"] == "application/merge-patch+json"
+                    assert self.headers["Content-Type"] == "application/merge-patch+json" and body is not None
                     service.text = body["spec"]["serveConfigV2"]
                     service.generation += 1
                     service.patches.append(service.text)
@@ -136,7 +136,7 @@ def run(base: str, target: dict[str, Any], step_s: float = 10) -> subprocess.Com
 
 @pytest.fixture(scope="module")
 def deployed() -> dict[str, Any]:
-    return yaml.safe_load(ray_service()["spec"]["serveConfigV2"])
+    return dict(yaml.safe_load(ray_service()["spec"]["serveConfigV2"]))
 
 
 def both_phases_changed(config: dict[str, Any]) -> dict[str, Any]:

@@ -1,11 +1,21 @@
 """The PD pair's failover (pod-side): no request fails for one engine's fault.
 
 Ray Serve LLM 2.58's ``build_pd_openai_app`` is ingress -> ``PDDecodeServer`` -> ``PDPrefillServer``
-and always prefills remotely: a dead prefill fails or holds every request, a dead decode holds
-them all (Serve's router waits for a replica as long as there is none). Yet both engines are full
-vLLM engines of one model. ``build_failover_app`` composes the same public pieces (Ray's
-``PDServingArgs``, ``build_llm_deployment``, ``PDDecodeServer``/``PDPrefillServer``,
-``OpenAiIngress``) into the same OpenAI surface, with the same deployment names, plus:
+in one Serve application and always prefills remotely: a dead prefill fails or holds every request,
+a dead decode holds them all (Serve's router waits for a replica as long as there is none), and a
+change of either engine restarts both. Yet both engines are full vLLM engines of one model.
+``build_prefill_app``, ``build_decode_app`` and ``build_ingress_app`` compose the same public pieces
+(``build_llm_deployment``, ``PDDecodeServer``/``PDPrefillServer``, ``OpenAiIngress``) into the same
+OpenAI surface, with the same deployment names, each phase a Serve application of its own and the
+ingress a third (``IMPORT_PATHS``), each reaching the others by application and deployment name at
+its first call (``other_phase``: any start order), plus:
+
+- a phase's application restarts alone when its engine changes; prefill refuses (503, before its
+  engine) a decode whose ``pair`` (the digest of what their KV must agree on) is not its own, so
+  engines of different weights or KV layouts are never paired while one phase is updated before
+  the other;
+- the failover's settings are the decode and ingress deployments' ``user_config``
+  (``reconfigure``): a change restarts nothing;
 
 - decode prefills locally when prefill has no replica within ``wait_s``, fails, or does not
   answer within ``prefill_timeout_s`` (nothing was generated: the request starts again there);
