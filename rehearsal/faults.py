@@ -63,6 +63,7 @@ from typing import Any
 import httpx
 import psutil
 
+from eks_pd_serving import rollout
 from eks_pd_serving.fault_tolerance import auth, kv_guard, runbook
 from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.observability import catalogue as om
@@ -440,9 +441,11 @@ def _changed(serve_config: dict[str, Any], change: str) -> dict[str, Any]:
     elif change == "autoscaling":
         options = layout.replica_options(changed, "decode")
         target = _override(changed, options["name"]) if "name" in options else None
-        scaling = (target or layout.llm_config(changed, "decode")["deployment_config"]).setdefault(
-            "autoscaling_config", {}
-        )
+        options = target or layout.llm_config(changed, "decode")["deployment_config"]
+        if "num_replicas" in options:  # Ray's builder: a fixed count becomes equal bounds (Serve takes one)
+            count = options.pop("num_replicas")
+            options["autoscaling_config"] = {"min_replicas": count, "max_replicas": count}
+        scaling = options.setdefault("autoscaling_config", {})
         scaling["target_ongoing_requests"] = float(scaling.get("target_ongoing_requests", 2.0)) + 1.0
     elif change == "failover":
         for settings in layout.failover_settings(changed):
@@ -464,8 +467,12 @@ def _deploy_steps(current: dict[str, Any], target: dict[str, Any], http_port: in
     """``target`` as the rollout applies it: one application at a time (``layout.rollout_steps``),
     each step waited on until it serves; returns the seconds in all."""
     total = 0.0
-    for step in layout.rollout_steps(current, target):
+    steps = layout.rollout_steps(current, target)
+    for number, step in enumerate(steps, 1):
         total += _deploy_config(step, http_port, timeout_s)
+        if number < len(steps):  # the Job's least gap between steps: the phases differ meanwhile
+            time.sleep(rollout.settle_s())
+            total += rollout.settle_s()
     return total
 
 

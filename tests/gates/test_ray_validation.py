@@ -296,3 +296,57 @@ def test_without_its_port_ray_refuses_the_store_address() -> None:
     host = GCS_STORE_ADDRESS.removeprefix("rediss://").rsplit(":", 1)[0]
     result = _parse_redis_address(f"rediss://{host}")
     assert result.returncode == 1 and "in get_address" in result.stderr
+
+
+# Ray 2.58's own code version of each application (serve/_private/deploy_utils.get_app_code_version).
+_CODE_VERSION_PROBE = """
+import json, sys
+from ray.serve._private.deploy_utils import get_app_code_version
+from ray.serve.schema import ServeApplicationSchema
+print(json.dumps([get_app_code_version(ServeApplicationSchema.model_validate(a)) for a in json.load(sys.stdin)]))
+"""
+
+
+def test_impact_reads_the_code_version_as_ray_hashes_it() -> None:
+    """``lifecycle.rollout.code_version`` changes exactly when Ray 2.58's application code version
+    does: for an engine setting, the failover's settings, replicas, autoscaling bounds and policy,
+    a request router and the import path, on each of the three applications."""
+    from eks_pd_serving.lifecycle.rollout import code_version
+
+    base = yaml.safe_load(ray_service()["spec"]["serveConfigV2"])["applications"]
+    edits: list[Callable[[dict[str, Any]], object]] = [
+        lambda a: a["args"].update(extra=1),
+        lambda a: a.update(import_path="x:y"),
+        lambda a: a["deployments"][0].update(user_config={"wait_s": 9.0}),
+        lambda a: a["deployments"][0]["autoscaling_config"].update(max_replicas=7),
+        lambda a: a["deployments"][0].update(graceful_shutdown_timeout_s=1.0),
+        lambda a: a["deployments"][0]["autoscaling_config"].update(
+            policy={"policy_function": "ray.serve.autoscaling_policy:default_autoscaling_policy"}
+        ),
+        lambda a: a["deployments"][0].update(
+            request_router_config={
+                "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter"
+            }
+        ),
+        lambda a: a.update(runtime_env={"env_vars": {"A": "1"}}),
+    ]
+    variants = []
+    for app in base:
+        for edit in edits:
+            changed = json.loads(json.dumps(app))
+            edit(changed)
+            variants.append((app, changed))
+    apps = [a for pair in variants for a in pair]
+    ran = subprocess.run([str(RAY_PYTHON), "-c", _CODE_VERSION_PROBE], input=json.dumps(apps),
+                         capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    hashes = json.loads(ran.stdout)
+    ray_moved = [hashes[2 * i] != hashes[2 * i + 1] for i in range(len(variants))]
+    ours = [code_version(a) != code_version(b) for a, b in variants]
+    assert ours == ray_moved
+    assert ray_moved.count(True) == 5 * len(base)  # args, import path, policy, router, runtime env
+    # The check can fail: without the overrides' policies it misses one kind of restart.
+    blind = [{k: v for k, v in code_version(a).items() if k != "deployment_autoscaling_policies"} for a, _ in variants]
+    blind_b = [
+        {k: v for k, v in code_version(b).items() if k != "deployment_autoscaling_policies"} for _, b in variants
+    ]
+    assert [x != y for x, y in zip(blind, blind_b, strict=True)] != ray_moved

@@ -171,6 +171,24 @@ async def main() -> None:
             raise AssertionError(f"accepted {bad}")
     print("ok the builder's args are checked")
 
+    # Another application's deployment by name, before that application exists (the phases start in
+    # any order): refused within wait_s, neither a KeyError nor a hold; once it runs, the same
+    # handle serves.
+    later = failover.other_phase({"app": "later", "deployment": "Engine"}).options(stream=True).chat
+    reason, took = await refused(later, wait_s=1.0)
+    assert "no replica within 1 s" in reason and took < 3, (reason, took)
+    await asyncio.to_thread(serve.run_many, [RunTarget(Engine.bind("ok"), name="later", route_prefix=None)])
+    assert await asyncio.wait_for(collect(later), 30) == ["q:1", "q:2", "q:3"]
+    print("ok another application by name: refused within wait_s before it exists, served once it runs")
+
+    prefill = object.__new__(failover.FailoverPrefillServer)
+    prefill._pair = "aaaa"
+    assert prefill._unpaired(None) is None and prefill._unpaired("aaaa") is None
+    (chunk,) = [c async for c in prefill._unpaired("bbbb")]
+    assert chunk.error.code == 503 and chunk.error.type == failover.PAIR_MISMATCH_TYPE, chunk
+    assert failover.retryable(chunk) is not None  # decode's attempt refuses it: it prefills locally
+    print("ok prefill refuses a decode of another pair key with a 503 before its engine")
+
 
 if __name__ == "__main__":
     ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False, logging_level="ERROR")

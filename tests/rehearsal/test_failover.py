@@ -21,6 +21,8 @@ EXPECTED = (
     "breaker: skipped for the cooldown, then one probe at a time, closed by a success",
     "a prompt past max_model_len at the longest token is 400 before any tokenizer; one within is not",
     "the builder's args are checked",
+    "another application by name: refused within wait_s before it exists, served once it runs",
+    "prefill refuses a decode of another pair key with a 503 before its engine",
 )
 
 

@@ -78,6 +78,12 @@ def _constant(name: str) -> Any:
     return pod_code.constant(source(), FILE_NAME, name)
 
 
+def settle_s() -> float:
+    """How long after a step's patch the serve rollout first counts the application as serving (and
+    so the least a step lasts: the rehearsals wait as long between their steps)."""
+    return float(_constant("SETTLE_S"))
+
+
 def digest_annotation() -> str:
     return str(_constant("DIGEST_ANNOTATION"))
 
