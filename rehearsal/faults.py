@@ -464,10 +464,10 @@ def _override(serve_config: dict[str, Any], deployment: str) -> dict[str, Any] |
 
 
 def _deploy_steps(current: dict[str, Any], target: dict[str, Any], http_port: int, timeout_s: float) -> float:
-    """``target`` as the rollout applies it: one application at a time (``layout.rollout_steps``),
+    """``target`` as the rollout applies it: one application at a time (``rollout.rollout_steps``),
     each step waited on until it serves; returns the seconds in all."""
     total = 0.0
-    steps = layout.rollout_steps(current, target)
+    steps = rollout.rollout_steps(current, target)
     for number, step in enumerate(steps, 1):
         total += _deploy_config(step, http_port, timeout_s)
         if number < len(steps):  # the Job's least gap between steps: the phases differ meanwhile

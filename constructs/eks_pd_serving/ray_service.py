@@ -90,6 +90,8 @@ class RayServiceManifest(Construct):
             text = serve_config_yaml(props)
             digest = hashlib.sha256(json.dumps(Stack.of(self).resolve(text), sort_keys=True).encode()).hexdigest()
             spec = _serve_rollout_spec(props, text, digest, serve_step_s, serve_step_s * applications)
+            if self.rollout is not None:  # a cluster rebuilt by the same deploy takes the serve config along
+                spec = replace(spec, code={**spec.code, rollout.digest_annotation(): self.rollout.digest})
             self.serve_rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
             serve_manifest = cluster.add_cdk8s_chart(
                 f"{id}ServeRollout", RolloutChart(cdk8s.App(), "ServeRollout", spec=self.serve_rollout)

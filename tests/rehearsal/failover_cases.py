@@ -177,12 +177,13 @@ async def main() -> None:
     later = failover.other_phase({"app": "later", "deployment": "Engine"}).options(stream=True).chat
     reason, took = await refused(later, wait_s=1.0)
     assert "no replica within 1 s" in reason and took < 3, (reason, took)
-    await asyncio.to_thread(serve.run_many, [RunTarget(Engine.bind("ok"), name="later", route_prefix=None)])
+    later_app = RunTarget(Engine.bind("ok"), name="later", route_prefix=None)  # type: ignore[attr-defined]
+    await asyncio.to_thread(serve.run_many, [later_app])
     assert await asyncio.wait_for(collect(later), 30) == ["q:1", "q:2", "q:3"]
     print("ok another application by name: refused within wait_s before it exists, served once it runs")
 
     prefill = object.__new__(failover.FailoverPrefillServer)
-    prefill._pair = "aaaa"
+    prefill._pair, prefill._unpaired_seen = "aaaa", set()
     assert prefill._unpaired(None) is None and prefill._unpaired("aaaa") is None
     (chunk,) = [c async for c in prefill._unpaired("bbbb")]
     assert chunk.error.code == 503 and chunk.error.type == failover.PAIR_MISMATCH_TYPE, chunk

@@ -26,7 +26,8 @@ from eks_pd_serving.k8s import serve_config as layout
 
 PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
 NS, NAME, JOB = "inference", "ray-llm", "ray-llm-serve-rollout-abc-def"
-CODE = {"eks-pd-serving/failover-code": "d1"}
+DIGEST = rollout.digest_annotation()  # the cluster config's, under recreate
+CODE = {"eks-pd-serving/failover-code": "d1", DIGEST: "c1"}
 
 
 def dump(config: dict[str, Any]) -> str:
@@ -37,11 +38,13 @@ class Service:
     """The RayService and what KubeRay and Serve do with its serve config. ``restart_polls``: how
     many reads an application that changed stays DEPLOYING (None: it never comes back)."""
 
-    def __init__(self, config: dict[str, Any], restart_polls: int | None = 2, code: str = "d1") -> None:
+    def __init__(
+        self, config: dict[str, Any], restart_polls: int | None = 2, code: str = "d1", cluster: str = "c1"
+    ) -> None:
         self.text, self.generation, self.observed = dump(config), 1, 1
         self.running = {app["name"]: app for app in config["applications"]}
         self.deploying: dict[str, int] = {}
-        self.restart_polls, self.code = restart_polls, code
+        self.restart_polls, self.code, self.cluster = restart_polls, code, cluster
         self.patches: list[str] = []
         #: Each read's set of applications Serve was restarting at once.
         self.together: list[set[str]] = []
@@ -67,9 +70,9 @@ class Service:
             }
             for name, app in self.running.items()
         }
-        annotations = {next(iter(CODE)): self.code}
+        annotations = {"eks-pd-serving/failover-code": self.code}
         return {
-            "metadata": {"name": NAME, "generation": self.generation},
+            "metadata": {"name": NAME, "generation": self.generation, "annotations": {DIGEST: self.cluster}},
             "spec": {
                 "serveConfigV2": self.text,
                 "rayClusterConfig": {"headGroupSpec": {"template": {"metadata": {"annotations": annotations}}}},
@@ -198,12 +201,18 @@ def test_nothing_is_rolled_before_the_first_deploy_or_with_new_pod_code(api: Any
     state[:] = [service := Service(deployed, code="d0")]
     ran = run(base, both_phases_changed(deployed))
     assert ran.returncode == 0 and not service.patches
-    assert "rollout: the pods' code changes with this deploy (eks-pd-serving/failover-code)" in ran.stdout
+    assert (
+        "rollout: the pods' code or the cluster changes with this deploy (eks-pd-serving/failover-code)" in ran.stdout
+    )
+    # Under recreate, a new cluster config: the rollout Job rebuilds the cluster with the new config.
+    state[:] = [service := Service(deployed, cluster="c0")]
+    ran = run(base, both_phases_changed(deployed))
+    assert ran.returncode == 0 and not service.patches and f"({DIGEST})" in ran.stdout
 
 
 @pytest.mark.parametrize("change", ["both", "decode", "layout", "none"])
-def test_the_pods_steps_are_the_packages(deployed: Any, change: str) -> None:
-    """The Job's copy of ``rollout_steps`` plans as the package's (which the rehearsals run)."""
+def test_the_package_plans_with_the_jobs_own_steps(deployed: Any, change: str) -> None:
+    """``rollout.rollout_steps`` (what the rehearsals run) is the Job's function, one copy."""
     target = copy.deepcopy(deployed)
     if change == "both":
         target = both_phases_changed(deployed)
@@ -211,6 +220,7 @@ def test_the_pods_steps_are_the_packages(deployed: Any, change: str) -> None:
         layout.llm_config(target, "decode")["engine_kwargs"]["max_num_seqs"] = 7
     elif change == "layout":
         target["applications"] = target["applications"][1:]
-    pod = __import__("runpy").run_path(str(PROGRAM))["rollout_steps"]
-    assert pod(deployed, target) == layout.rollout_steps(deployed, target)
-    assert len(layout.rollout_steps(deployed, target)) == {"both": 3, "decode": 1, "layout": 1, "none": 0}[change]
+    steps = rollout.rollout_steps(deployed, target)
+    assert len(steps) == {"both": 3, "decode": 1, "layout": 1, "none": 0}[change]
+    assert not steps or steps[-1] == target
+    assert rollout.rollout_steps.__doc__ and "Job's own" in rollout.rollout_steps.__doc__

@@ -219,8 +219,9 @@ def _ingress_app(models: Sequence[ServedModel], failover: FailoverSpec) -> dict[
 
 
 def build_serve_config(models: Sequence[ServedModel]) -> dict[str, Any]:
-    """The whole Serve config. Models with failover: each phase its own application, rolled one at a
-    time (``rollout_order``), and one ingress on ``/`` (the first model's failover settings).
+    """The whole Serve config. Models with failover: each phase its own application (every prefill,
+    every decode, the order a change is rolled in: ``rollout.rollout_steps``), and one ingress on ``/``
+    (the first model's failover settings).
     Without: Ray's ``build_pd_openai_app``, one application on ``/`` (one model only)."""
     if not models:
         raise ValueError("RayServiceProps.models: at least one served model")
@@ -238,12 +239,6 @@ def build_serve_config(models: Sequence[ServedModel]) -> dict[str, Any]:
         raise ValueError("RayServiceProps.models: give every model the failover, or serve one model without it")
     phases = [_phase_app(served, phase, failover) for phase in PHASES for served in models]
     return {"applications": [*phases, _ingress_app(models, failover)]}
-
-
-def rollout_order(serve_config: dict[str, Any]) -> list[str]:
-    """The applications in the order a change rolls through them: every prefill, every decode, then
-    the ingress (the config's own order)."""
-    return [app["name"] for app in serve_config["applications"]]
 
 
 def to_yaml(serve_config: dict[str, Any]) -> str:
@@ -302,24 +297,3 @@ def replica_title(serve_config: dict[str, Any], phase: str) -> str:
             if found == phase:
                 return f"ServeReplica:{app['name']}:{deployment_name(phase, llm['model_loading_config']['model_id'])}"
     raise ValueError(f"no {phase} engine in the serve config")
-
-
-def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[str, Any]]:
-    """The serve configs a change goes through so that no two applications change in one deploy
-    (Serve restarts them together): from ``current``, each changed application of ``target`` in
-    its order (every prefill, every decode, the ingress), one a step, the last step ``target``
-    itself. A change of the layout (applications added, removed or built by another import path)
-    is one step: the old applications hold the GPUs the new ones need."""
-    live = {app["name"]: app for app in current["applications"]}
-    names = [app["name"] for app in target["applications"]]
-    if set(live) != set(names) or any(
-        live[app["name"]]["import_path"] != app["import_path"] for app in target["applications"]
-    ):
-        return [target]
-    state = dict(live)
-    steps = []
-    for app in target["applications"]:
-        if live[app["name"]] != app:
-            state[app["name"]] = app
-            steps.append({**target, "applications": [state[name] for name in names]})
-    return steps

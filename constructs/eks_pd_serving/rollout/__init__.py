@@ -10,7 +10,9 @@ import copy
 import hashlib
 import json
 import math
+import runpy
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from .._private import pod_code
@@ -76,6 +78,19 @@ def source_digest() -> str:
 @cache
 def _constant(name: str) -> Any:
     return pod_code.constant(source(), FILE_NAME, name)
+
+
+@cache
+def _program() -> dict[str, Any]:
+    """The pod program's own names (it imports the standard library alone)."""
+    return runpy.run_path(str(Path(__file__).with_name(FILE_NAME)))
+
+
+def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[str, Any]]:
+    """The serve configs a change of ``current`` to ``target`` goes through, one Serve application
+    changed a step: the serve rollout Job's own ``rollout_steps``, which the rehearsals run too."""
+    steps: list[dict[str, Any]] = _program()["rollout_steps"](current, target)
+    return steps
 
 
 def settle_s() -> float:

@@ -79,7 +79,7 @@ STEP_LINE = "rollout: serve config step"
 ROLLED_LINE = "rollout: serve config applied"
 UNCHANGED_LINE = "rollout: serve config unchanged"
 NO_SERVICE_LINE = "rollout: no RayService yet"
-NEW_CODE_LINE = "rollout: the pods' code changes with this deploy"
+NEW_CODE_LINE = "rollout: the pods' code or the cluster changes with this deploy"
 # The Job controller's label on a Job's pods naming the Job (Kubernetes 1.27+): the pod's env reads
 # its Job's name from it.
 POD_JOB_LABEL = "batch.kubernetes.io/job-name"
@@ -368,7 +368,12 @@ def roll_serve(
     head = (((service.get("spec") or {}).get("rayClusterConfig") or {}).get("headGroupSpec") or {}).get(
         "template"
     ) or {}
-    running = (head.get("metadata") or {}).get("annotations") or {}
+    # The head's code digests, and the RayService's cluster-config digest (under recreate: a new
+    # one means the cluster is rebuilt with this deploy, the serve config with it).
+    running = {
+        **((service.get("metadata") or {}).get("annotations") or {}),
+        **((head.get("metadata") or {}).get("annotations") or {}),
+    }
     new_code = sorted(key for key, digest in (code or {}).items() if running.get(key) != digest)
     if new_code:  # the config may need that code, which the pods get with the RayService's manifest
         mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})

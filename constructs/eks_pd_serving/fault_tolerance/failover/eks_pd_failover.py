@@ -523,12 +523,16 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
 
     async def __init__(self, llm_config: Any, *, pair: str = "", **kwargs: Any) -> None:  # type: ignore[misc]
         self._pair = pair
+        self._unpaired_seen: set[str] = set()
         await super().__init__(llm_config, **kwargs)
 
     def _unpaired(self, pair: str | None) -> Any:
         if pair is None or pair == self._pair:
             return None
-        message = f"this prefill engine serves pair {self._pair[:12]}, the request's decode {pair[:12]}"
+        message = f"this prefill engine serves pair {self._pair[:40]}, the request's decode {pair[:40]}"
+        if pair not in self._unpaired_seen:  # once per other pair: one phase updated before the other
+            self._unpaired_seen.add(pair)
+            logger.warning("%s: %s; decode prefills locally until both phases agree", FALLBACK_LINE, message)
         return _one(ErrorResponse(error=ErrorInfo(message=message, type=PAIR_MISMATCH_TYPE, code=503)))
 
     async def chat(self, request: Any, raw_request_info: Any = None, pair: str | None = None) -> Any:
