@@ -14,6 +14,7 @@ import yaml
 from support import ROOT, log_filter_matches
 
 from eks_pd_serving import observability as om
+from eks_pd_serving.k8s import serve_config as layout
 from rehearsal import profile
 
 PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))
@@ -92,7 +93,7 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     )
     assert "PASS: a 2 MB chat: HTTP [400]" in result.stdout
     assert "+            - UCX" in result.stdout or "+        - UCX" in result.stdout  # the diff was shown
-    assert "+          upscale_delay_s: 2.0" in result.stdout  # the one local autoscaling change, shown
+    assert "+      upscale_delay_s: 2.0" in result.stdout  # the one local autoscaling change, shown
     report = json.loads((tmp_path / "report.json").read_text())
     # The weights took the deployed S3 path (moto's server, the deployed prefix, HF offline): Ray's
     # mirror wrote this run's own snapshot, byte for byte the staged checkpoint.
@@ -159,7 +160,7 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
 def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, template_file: Path) -> None:
     deployed = profile.serve_config(profile.ray_service_from_template(template_file))
     broken = profile.local_profile(deployed, tmp_path.parent / "tiny-checkpoint")
-    prefill = broken["applications"][0]["args"]["prefill_config"]
+    prefill = layout.llm_config(broken, "prefill")
     prefill["kv_transfer_config"] = prefill["engine_kwargs"].pop("kv_transfer_config")
     config = tmp_path / "broken.yaml"
     config.write_text(yaml.safe_dump(broken))
