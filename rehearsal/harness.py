@@ -222,15 +222,17 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
             report[name]["verify_endpoint"] = asdict(
                 check_endpoint(endpoint.base_url, model_id, api_key=endpoint.api_key)
             )
+            # First after the plain probes (one request at a time): the later probes' concurrent
+            # load can start a scale-up of their own, which Serve keeps for the downscale delay.
+            if config is rehearsed and autoscale.decode_scaling(rehearsed):
+                log("== pd: decode autoscales; bursts until Serve adds a replica")
+                report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
             if config is rehearsed:
                 log("== pd: what a client may not do (transfer params, adapter ids, a 2 MB chat)")
                 report["client_limits"] = client_limits.probe(endpoint)
             if keys and config is rehearsed:
                 log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")
                 report["api_keys"], used = api_keys.probe(endpoint, keys, run_id, log)
-            if config is rehearsed and autoscale.decode_scaling(rehearsed):
-                log("== pd: decode autoscales; bursts until Serve adds a replica")
-                report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
             if config is rehearsed:
                 # After traffic, so the request and KV families exist: the dashboard's metric
                 # names are checked against this (tests/template/test_observability.py).
