@@ -114,7 +114,13 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     assert 0 < report["pd"]["verify_endpoint"]["ttft_s"] < report["pd"]["verify_endpoint"]["total_s"]
     # The scale-up, from Serve's own status and the engines' counters.
     scaled = report["autoscale"]
-    assert scaled["replicas_before"] == {"RUNNING": 1} and scaled["replicas_after"] == {"RUNNING": 2}
+    # Serve's running decode replicas, before the bursts and after (the rehearsal's own judge). With
+    # each phase an application of its own, a second replica may already be STARTING when the probe
+    # begins (seen 2026-12-06: the target of 1 ongoing request is crossed by the plain probes).
+    running = {
+        k: v.get("RUNNING", 0) for k, v in (("before", scaled["replicas_before"]), ("after", scaled["replicas_after"]))
+    }
+    assert running == {"before": 1, "after": 2}, scaled
     burst = [r for b in scaled["bursts"] for r in b["requests"]]
     assert scaled["engine"]["external_kv_tokens"] == sum(r["prompt_tokens"] - 1 for r in burst)
     assert "PASS: the added decode replica loaded KV over NIXL" in result.stdout
