@@ -27,7 +27,7 @@ from .endpoint.serving_network import ServingNetwork
 from .fault_tolerance.gcs_store import GcsStore
 from .gpu_node_group import EfaGpuNodeGroup
 from .k8s import GcsFaultToleranceSpec, ServingNetworkProps
-from .k8s.network import endpoint_service_name
+from .k8s.names import endpoint_service_name
 from .kuberay_operator import NAMESPACE as OPERATOR_NAMESPACE
 from .kuberay_operator import KubeRayOperator
 from .log_groups import LogGroups

@@ -42,6 +42,36 @@ def test_every_subcommand_has_help(command: str) -> None:
     assert result.returncode == 0 and "usage: python -m eks_pd_serving " + command in result.stdout
 
 
+# Run as `python -m eks_pd_serving`, with an import of jsii refused: aws_cdk, cdk8s and constructs
+# all load it, and loading it starts Node (on Node 20, with its end-of-life banner).
+_NO_JSII = """
+import runpy, sys
+class NoJsii:
+    def find_spec(self, name, path=None, target=None):
+        if name == "jsii" or name.startswith("jsii."):
+            raise ImportError("this command imported jsii")
+sys.meta_path.insert(0, NoJsii())
+sys.argv = ["eks_pd_serving", *sys.argv[1:]]
+runpy.run_module("eks_pd_serving", run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--help"], ["preflight", "--help"], ["verify", "--help"], ["impact", "--help"], ["sizing"],
+     ["cost", "--template", "{template}"], ["impact", "{template}", "{template}"],
+     ["k8s-diff", "{template}", "{template}"]],
+    ids=lambda args: " ".join(args),
+)  # fmt: skip
+def test_commands_that_read_no_construct_start_no_node(args: list[str], template_file: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_JSII, *(arg.format(template=template_file) for arg in args)],
+        cwd=ROOT, env=CLEAN_ENV, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert "imported jsii" not in result.stderr
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
 # --- sizing --------------------------------------------------------------------------------
 def test_sizing_prints_the_default_deployment() -> None:
     result = cli("sizing")
@@ -70,7 +100,7 @@ def test_sizing_prints_what_each_engine_choice_gives() -> None:
 def test_the_configured_engine_choice_is_the_synth_gates_figures(settings: dict[str, Any]) -> None:
     """The what-if row marked configured must be what the gate sized (it once left out
     decode_max_num_seqs: 15 sequences shown where 8 were configured)."""
-    from eks_pd_serving.cli.sizing_cmd import engine_choices
+    from eks_pd_serving.sizing import engine_choices
 
     config = DeploymentConfig.from_context(settings)
     facts = MODELS[config.model_source]

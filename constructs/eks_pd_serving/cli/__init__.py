@@ -7,19 +7,23 @@ impact: something changed), 2 bad usage or configuration.
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from ..config import ConfigError
-from . import cost, impact, k8s_diff, preflight, sizing_cmd, verify
 
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "preflight": (preflight.__doc__ or "", preflight.add_arguments, preflight.run),
-    "sizing": (sizing_cmd.__doc__ or "", sizing_cmd.add_arguments, sizing_cmd.run),
-    "cost": (cost.__doc__ or "", cost.add_arguments, cost.run),
-    "verify": (verify.__doc__ or "", verify.add_arguments, verify.run),
-    "k8s-diff": (k8s_diff.__doc__ or "", k8s_diff.add_arguments, k8s_diff.run),
-    "impact": (impact.__doc__ or "", impact.add_arguments, impact.run),
+# Each command is a module with a docstring, ``add_arguments`` and ``run``. They are imported when
+# the parser is built, not with this package: synth imports ``sizing_cmd`` alone. None of them
+# imports aws_cdk or cdk8s at the top, so no command starts jsii's Node process to parse its
+# arguments (a test holds this).
+COMMANDS = {
+    "preflight": "preflight",
+    "sizing": "sizing_cmd",
+    "cost": "cost",
+    "verify": "verify",
+    "k8s-diff": "k8s_diff",
+    "impact": "impact",
 }
 
 
@@ -27,11 +31,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eks_pd_serving", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, (doc, add_arguments, run) in COMMANDS.items():
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"{__name__}.{module_name}")
+        doc = module.__doc__ or ""
         sub = commands.add_parser(name, help=doc.splitlines()[0], description=doc,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-        add_arguments(sub)
-        sub.set_defaults(run=run)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
     args = parser.parse_args(argv)
     try:
         return int(args.run(args))

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
-from ..sizing import GIB, QUANTIZATIONS, Sizing
+from ..sizing import GIB, Sizing, engine_choices
 from ._common import add_config_arguments, console, load_config, table
 from .cost import PRICES
 
@@ -95,19 +95,6 @@ def cold_start(config: DeploymentConfig, facts: ModelFacts) -> list[str]:
     ]
 
 
-def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[str, bool, Sizing]]:
-    """(label, configured?, decode's sizing) for each weight format and graph mode on decode's GPU:
-    the configured row is the synth gate's figures (``config.sizing``)."""
-    found = []
-    for quantization in QUANTIZATIONS:
-        for eager in (True, False):
-            sizing = config.sizing("decode", facts, quantization=quantization, enforce_eager=eager)
-            assert sizing is not None  # facts given
-            label = f"{'bf16' if quantization == 'none' else quantization}, {'eager' if eager else 'CUDA graphs'}"
-            found.append((label, (quantization, eager) == (config.quantization, config.decode_enforce_eager), sizing))
-    return found
-
-
 def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
     """Decode's figures for each weight format and graph mode on its GPU, the configured one
     marked; the step-time floor is an estimate (bytes read per step over the memory bandwidth)."""
@@ -132,13 +119,6 @@ def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
          "step floor ms, batch 1", "step floor ms, max_num_seqs", "tokens/s ceiling, max_num_seqs"],
         rows,
     )  # fmt: skip
-
-
-def what_if_line(config: DeploymentConfig, facts: ModelFacts) -> str:
-    """The what-if table in one line, for the synth output."""
-    parts = [f"{'*' if chosen else ''}{label} {s.kv_capacity_tokens:,} ({s.max_num_seqs} seqs)"
-             for label, chosen, s in engine_choices(config, facts) if not s.problems()]  # fmt: skip
-    return f"engine choices, decode KV tokens: {'; '.join(parts)} (python -m eks_pd_serving sizing for more)"
 
 
 def step_floor_ms(sizing: Sizing, batch: int, bandwidth_gbps: float) -> float:

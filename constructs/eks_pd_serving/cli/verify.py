@@ -42,7 +42,7 @@ import httpx
 from ..capacity.checks import block_times
 from ..config import derived
 from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
-from ..k8s.network import LOCK_DOWN_POLICIES, endpoint_service_name
+from ..k8s.names import LOCK_DOWN_POLICIES, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
 from ..observability import catalogue as om

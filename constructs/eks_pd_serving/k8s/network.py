@@ -28,6 +28,7 @@ import cdk8s
 import cdk8s_plus_35 as kplus
 from constructs import Construct
 
+from .names import DEFAULT_DENY_POLICY, OPERATOR_POLICY, RAY_CLUSTER_POLICY, SERVE_POLICY
 from .specs import DASHBOARD_PORT, SERVE_PORT
 
 # KubeRay labels every Ray pod it creates with these (ray-operator/controllers/ray/utils/constant.go).
@@ -42,23 +43,12 @@ TLS_ENDPOINT_PORT = 443
 # TLS 1.3 and 1.2 only (the controller's default, ELBSecurityPolicy-2016-08, admits TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 METRICS_POLICY = "ray-metrics-from-scraper"
-# The lock-down's policies in every exposure (verify checks each is in the cluster).
-DEFAULT_DENY_POLICY = "default-deny-ingress"
-RAY_CLUSTER_POLICY = "ray-cluster-internal"
-OPERATOR_POLICY = "ray-from-operator"
-SERVE_POLICY = "ray-serve-from-clients"
-LOCK_DOWN_POLICIES = (DEFAULT_DENY_POLICY, RAY_CLUSTER_POLICY, OPERATOR_POLICY, SERVE_POLICY)
 RAY_EGRESS_POLICY = "ray-egress"
 # The EKS Pod Identity agent's link-local address on every node (IPv4), and its port.
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
 POD_IDENTITY_AGENT_PORT = 80
 HTTPS_PORT = 443
 DNS_PORT = 53
-
-
-def endpoint_service_name(ray_service_name: str) -> str:
-    """The endpoint Service's name (verify reads the NLB's address from it)."""
-    return f"{ray_service_name}-endpoint"
 
 
 @dataclass(frozen=True)
