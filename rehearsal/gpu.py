@@ -92,7 +92,7 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
 def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     ray_service, deployed, _ = _deployed(args.template)
     prefill = layout.llm_config(deployed, "prefill")
-    model_source = gpu_profile.catalogue_source(prefill["model_loading_config"]["model_source"])
+    model_source = gpu_profile.catalogue_source(profile.weights_source(prefill))
     deployed_engine = prefill["engine_kwargs"]
     model_dir, dummy = _model(args, args.work_dir, model_source)
     utilization = gpu_profile.emulated_utilization(args.emulate_gpu, deployed_engine["gpu_memory_utilization"], host)

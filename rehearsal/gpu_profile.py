@@ -119,7 +119,7 @@ def gpu_profile(
                 override["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
     for phase, llm in serve_config.phase_llm_configs(local):
         side = f"{phase}_config"
-        llm["model_loading_config"]["model_source"] = str(model_dir)
+        profile.local_weights(llm, model_dir, None)
         if llm.get("deployment_config"):  # Ray's builder: replicas in the LLMConfig
             llm["deployment_config"].pop("autoscaling_config", None)
             llm["deployment_config"]["num_replicas"] = 1

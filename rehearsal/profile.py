@@ -11,6 +11,7 @@ import copy
 import difflib
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +20,16 @@ import yaml
 from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s import serve_config as serve_config_module
+from eks_pd_serving.weights import node_cache
 
 # The pod annotations holding the programs' digests (mapping.KV_GUARD_CODE, mapping.FAILOVER_CODE:
 # the rehearsal imports no CDK).
 KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
 FAILOVER_CODE = "eks-pd-serving/failover-code"
+NODE_CACHE_CODE = "eks-pd-serving/node-cache-code"
+# The GPU node's disk (node_cache.CACHE_PATH in the pods) on this machine: the weights' copies and
+# the compile caches land here, as on a node, and outlive the run as they outlive a pod.
+LOCAL_NODE_CACHE = Path(tempfile.gettempdir()) / "eks-pd-rehearsal-node-cache"
 
 LOCAL_MAX_MODEL_LEN = 512
 # Host staging and UCX: NIXL's LIBFABRIC plugin needs CUDA and EFA, neither of which is here.
@@ -56,10 +62,14 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     template = group["template"]
     (container,) = template["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
-    env = {k: v for k, v in env.items() if k not in _POD_ONLY_ENV}
+    env = {k: on_this_machine(v) for k, v in env.items() if k not in _POD_ONLY_ENV}
     env["VLLM_HOST_IP"] = "127.0.0.1"
     folders = []
-    programs = {kv_guard.MOUNT_PATH: (kv_guard, KV_GUARD_CODE), failover.MOUNT_PATH: (failover, FAILOVER_CODE)}
+    programs = {
+        kv_guard.MOUNT_PATH: (kv_guard, KV_GUARD_CODE),
+        failover.MOUNT_PATH: (failover, FAILOVER_CODE),
+        node_cache.MOUNT_PATH: (node_cache, NODE_CACHE_CODE),
+    }
     for folder in env.pop("PYTHONPATH", "").split(":"):
         if folder in programs:
             code, annotation = programs[folder]
@@ -73,6 +83,34 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     if folders:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(folders))
     return env
+
+
+def on_this_machine(value: str) -> str:
+    """A path on the node cache's mount (the worker env's compile caches, a weights folder) moved
+    to ``LOCAL_NODE_CACHE``; anything else as it is."""
+    if value == node_cache.CACHE_PATH or value.startswith(node_cache.CACHE_PATH + "/"):
+        return str(LOCAL_NODE_CACHE) + value.removeprefix(node_cache.CACHE_PATH)
+    return value
+
+
+def weights_source(llm: dict[str, Any]) -> str:
+    """Where an engine's weights come from: the staged URI the node cache fills from when the engine
+    loads a node's copy, else its ``model_source``."""
+    callback = llm.get("callback_config")
+    return str(callback["callback_kwargs"]["source"]) if callback else str(llm["model_loading_config"]["model_source"])
+
+
+def local_weights(llm: dict[str, Any], checkpoint: Path, model_source: str | None) -> None:
+    """``llm`` loading the checkpoint: with a node cache and a local S3, its folder under
+    ``LOCAL_NODE_CACHE``, filled from the local S3 by the deployed callback; else the local S3's
+    URI or the checkpoint's directory, no callback."""
+    loading = llm["model_loading_config"]
+    if llm.get("callback_config") and model_source:
+        loading["model_source"] = on_this_machine(loading["model_source"])
+        llm["callback_config"]["callback_kwargs"]["source"] = model_source
+        return
+    llm.pop("callback_config", None)
+    loading["model_source"] = model_source or str(checkpoint)
 
 
 def merged_env(*envs: dict[str, str]) -> dict[str, str]:
@@ -89,14 +127,14 @@ def merged_env(*envs: dict[str, str]) -> dict[str, str]:
 def local_profile(deployed: dict[str, Any], checkpoint: Path, model_source: str | None = None) -> dict[str, Any]:
     """The deployed serve config with the documented local substitutions, nothing else:
     ``model_source`` (the staged copy in a local S3, when the deployment loads from S3) or the
-    checkpoint's directory."""
+    checkpoint's directory (``local_weights``)."""
     local = copy.deepcopy(deployed)
     every_prompt_disaggregated(local)
     for app in local["applications"]:
         for override in app.get("deployments") or []:  # the failover's layout: replicas in overrides
             _one_replica_or_quick_scaling(override)
     for _, llm in serve_config_module.phase_llm_configs(local):
-        llm["model_loading_config"]["model_source"] = model_source or str(checkpoint)
+        local_weights(llm, checkpoint, model_source)
         if llm.get("deployment_config"):  # Ray's builder: replicas in the LLMConfig
             _one_replica_or_quick_scaling(llm["deployment_config"])
         # Replicas ask for CPU instead of GPUs; a phase's own Ray resource (per-phase

@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_service = profile.ray_service_from_template(args.template)
     deployed = profile.serve_config(ray_service)
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
-    source = layout.llm_config(deployed, "decode")["model_loading_config"]["model_source"]
+    source = profile.weights_source(layout.llm_config(deployed, "decode"))
     work = args.report.parent.resolve()
     # With api_keys: the check's code from the template, the keys in a local Secrets Manager.
     with api_keys.local_keys(args.template, work, free_port()) as keys:
@@ -86,12 +86,17 @@ def _rehearse(
         return status
     # Proof of the S3 path: Ray's mirror wrote this run's snapshot (a fresh hash, a cache of the
     # run's own, Hugging Face offline), byte for byte the staged weights.
-    from_s3 = weights.loaded_from_s3(model_id, checkpoint)
-    log(f"{'ok' if from_s3 else 'FAIL'}: the engines' weights came from {weights.uri} (snapshot {weights.sha})")
+    decode = layout.llm_config(rehearsed, "decode")
+    node_copy = Path(decode["model_loading_config"]["model_source"]) if decode.get("callback_config") else None
+    from_s3 = weights.loaded_from_s3(model_id, checkpoint, node_copy)
+    where = f"the node cache's {node_copy}" if node_copy else "Ray's mirror"
+    verdict = "ok" if from_s3 else "FAIL"
+    log(f"{verdict}: the engines' weights came from {weights.uri} (snapshot {weights.sha}) through {where}")
     recorded_report = json.loads(args.report.read_text())
     recorded_report["weights"] = {
         "source": weights.uri,
-        "snapshot": str(weights.snapshot(model_id)),
+        "snapshot": str(node_copy or weights.snapshot(model_id)),
+        "through": "node cache" if node_copy else "Ray's S3 mirror",
         "from_s3": from_s3,
     }
     args.report.write_text(json.dumps(recorded_report, indent=2))

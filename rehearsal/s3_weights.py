@@ -31,10 +31,18 @@ class StagedWeights:
         """Where Ray's S3 mirror puts the files (huggingface_hub's cache layout)."""
         return self.cache / f"models--{model_id.replace('/', '--')}" / "snapshots" / self.sha
 
-    def loaded_from_s3(self, model_id: str, checkpoint: Path) -> bool:
-        """Ray's mirror wrote this run's snapshot, byte for byte the checkpoint's weights."""
+    def loaded_from_s3(self, model_id: str, checkpoint: Path, node_copy: Path | None = None) -> bool:
+        """Ray's mirror wrote this run's snapshot (or the node cache filled ``node_copy`` with it),
+        byte for byte the checkpoint's weights."""
         weights = sorted(checkpoint.glob("*.safetensors"))
-        copies = [self.snapshot(model_id) / w.name for w in weights]
+        folder = self.snapshot(model_id)
+        if node_copy is not None:
+            from eks_pd_serving.weights.node_cache import eks_pd_node_cache
+
+            if eks_pd_node_cache.complete_snapshot(node_copy) != self.sha:
+                return False
+            folder = node_copy
+        copies = [folder / w.name for w in weights]
         return bool(weights) and all(
             c.is_file() and _digest(c) == _digest(w) for c, w in zip(copies, weights, strict=True)
         )

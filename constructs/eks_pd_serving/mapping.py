@@ -23,6 +23,7 @@ from .endpoint import proxy
 from .fault_tolerance import auth, failover, kv_guard
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, checkpoint_bytes
+from .weights import node_cache
 from .weights.model_weights import Removal
 
 
@@ -37,11 +38,14 @@ class NetworkPlan:
 
 @dataclasses.dataclass(frozen=True)
 class GpuNodeGroupPlan:
-    """One ``EfaGpuNodeGroup``: its group, root volume and how its nodes are bought."""
+    """One ``EfaGpuNodeGroup``: its group, root volume, how its nodes are bought and what nodeadm
+    sets up (parallel image pull, the instance store as the node cache's disk)."""
 
     group: GpuGroup
     root_volume_gib: int
     capacity: GpuCapacity
+    fast_image_pull: bool
+    local_storage: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,7 +140,11 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         cluster=cluster_props(config),
         gpu_node_groups=tuple(
             GpuNodeGroupPlan(
-                group=group, root_volume_gib=config.gpu_root_volume_gib, capacity=config.capacity_of(group)
+                group=group,
+                root_volume_gib=config.gpu_root_volume_gib,
+                capacity=config.capacity_of(group),
+                fast_image_pull=config.fast_image_pull,
+                local_storage=config.node_cache,
             )
             for group in config.gpu_groups
         ),
@@ -373,6 +381,7 @@ API_KEYS_CODE = "eks-pd-serving/api-keys-code"
 GCS_AUTH_CODE = "eks-pd-serving/gcs-auth-code"
 KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
 FAILOVER_CODE = "eks-pd-serving/failover-code"
+NODE_CACHE_CODE = "eks-pd-serving/node-cache-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
 
 
@@ -407,6 +416,20 @@ def gcs_auth() -> k8s.InitProgram:
 def kv_guard_program(config: DeploymentConfig) -> k8s.PodProgram:
     """The guard's code, shipped in every configuration (``k8s.RayServiceProps.kv_guard_program``)."""
     return _pod_program(f"{config.ray_service_name}-kv-guard-code", kv_guard, KV_GUARD_CODE)
+
+
+def node_cache_spec(config: DeploymentConfig, image: str, weights_uri: str | None) -> k8s.NodeCacheSpec | None:
+    """The node cache on the GPU workers (``node_cache``); the Hub's cache there too when the
+    engines download from it."""
+    if not config.node_cache:
+        return None
+    return k8s.NodeCacheSpec(
+        host_path=node_cache.HOST_PATH,
+        mount_path=node_cache.CACHE_PATH,
+        program=_pod_program(f"{config.ray_service_name}-node-cache-code", node_cache, NODE_CACHE_CODE),
+        compile_key=node_cache.compile_key(image),
+        hub_cache=weights_uri is None,
+    )
 
 
 def failover_program(config: DeploymentConfig) -> k8s.PodProgram:
@@ -453,7 +476,9 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> k8s.ApiKe
 def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8s.ServedModel:
     """The settings' one served model: what both engines load (``weights_uri``: the staged revision,
     ``s3://bucket/prefix``, else the Hugging Face repository), each phase's engine and replicas, the
-    KV transfer and the failover."""
+    KV transfer and the failover. With the node cache and staged weights, the engines load the node's
+    copy of them."""
+    local = bool(config.node_cache and weights_uri)
     return k8s.ServedModel(
         model=k8s.ModelSpec(
             model_id=config.model_id,
@@ -463,6 +488,8 @@ def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8
             gpu_memory_utilization=config.gpu_memory_utilization,
             language_model_only=not config.multimodal,
             weights=f"{config.model_source}@{config.model_revision}",
+            local_folder=node_cache.weights_folder(config.model_source, config.model_revision) if local else "",
+            fill_callback=node_cache.callback_class() if local else "",
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),
@@ -509,6 +536,7 @@ def ray_service_props(
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),
+        node_cache=node_cache_spec(config, image, weights_uri),
         api_keys_hook=api_keys_hook(config),
         gcs_auth=gcs_auth() if gcs_fault_tolerance else None,
         gcs_fault_tolerance=gcs_fault_tolerance,

@@ -88,6 +88,8 @@ class PdServing(Construct):
                 subnet=self.network.gpu_subnet,
                 root_volume_gib=group.root_volume_gib,
                 capacity=group.capacity,
+                fast_image_pull=group.fast_image_pull,
+                local_storage=group.local_storage,
             )
             for group in plan.gpu_node_groups
         ]

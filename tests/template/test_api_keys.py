@@ -16,6 +16,7 @@ from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.endpoint import proxy
 from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s.network import RAY_NODE_LABELS
+from eks_pd_serving.weights import node_cache
 
 CERTIFICATE = "arn:aws:acm:us-east-1:123456789012:certificate/12345678-1234-1234-1234-123456789012"
 # Ray Serve's flags that replace the Python proxy (HAProxy, direct ingress) or make decode the
@@ -80,10 +81,10 @@ def test_every_ray_pod_loads_the_check_and_names_the_secret_not_a_key(internal: 
         env = _env(pod)
         assert env[proxy.CALLBACK_ENV] == "eks_pd_api_keys:middlewares"
         # The check's folder first; every pod's PYTHONPATH also holds the failover's, a GPU
-        # worker's the KV guard's before it.
+        # worker's the KV guard's before it and the node cache's after it.
         assert env["PYTHONPATH"] in (
             f"{proxy.MOUNT_PATH}:{failover.MOUNT_PATH}",
-            f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}:{failover.MOUNT_PATH}",
+            f"{proxy.MOUNT_PATH}:{kv_guard.MOUNT_PATH}:{failover.MOUNT_PATH}:{node_cache.MOUNT_PATH}",
         )
         assert env[proxy.SECRET_ENV] == f"<{secret_id}>"  # the Ref, resolved when kubectl applies
         assert env[proxy.REFRESH_ENV] == "30" and env["AWS_REGION"] == "us-east-1"

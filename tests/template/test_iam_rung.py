@@ -38,6 +38,7 @@ from eks_pd_serving.fault_tolerance import auth
 from eks_pd_serving.fault_tolerance.auth import eks_pd_gcs_auth as gcs_reader
 from eks_pd_serving.weights.handler import handler
 from eks_pd_serving.weights.job import stage
+from eks_pd_serving.weights.node_cache import eks_pd_node_cache as node_cache_fill
 
 BUCKET_NAME = "weights-test"
 RAY_PYTHON = Path(os.environ.get("EKS_PD_RAY_PYTHON", ROOT / ".venv-ray" / "bin" / "python"))
@@ -250,6 +251,55 @@ def test_the_rung_fails_on_the_revision_narrowed_grant() -> None:
     assert sorted(m for m in missing if m.startswith("s3:GetObject")) == [
         f"s3:GetObject on arn:aws:s3:::{BUCKET_NAME}/{old}/{name}" for name in sorted(STAGED_FILES)
     ]
+
+
+def _node_cache_calls(prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Call]:
+    """The calls the node cache's fill makes on a node without a copy, then on one with it (a
+    restart), each as AWS authorizes it (moto answers; the rung applies S3's 403 rule)."""
+    recorded: list[Call] = []
+    with moto_aws(monkeypatch):
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET_NAME)
+        for name in STAGED_FILES:
+            s3.put_object(Bucket=BUCKET_NAME, Key=f"{prefix}/{name}", Body=b"x")
+        boto3.setup_default_session(region_name="us-east-1")
+        assert boto3.DEFAULT_SESSION is not None
+
+        def keep(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+            context["eks_pd_params"] = {k: params[k] for k in ("Bucket", "Key", "Prefix") if k in params}
+
+        def after(parsed: dict[str, Any], model: Any, context: Any = None, **_: Any) -> None:
+            recorded.extend(authorizations("s3", model.name, (context or {}).get("eks_pd_params", {}), parsed))
+
+        boto3.DEFAULT_SESSION.events.register("provide-client-params.s3.*", keep)
+        boto3.DEFAULT_SESSION.events.register("after-call.s3.*", after)
+        for _ in range(2):
+            node_cache_fill.fill(f"s3://{BUCKET_NAME}/{prefix}", tmp_path / "main")
+    return recorded
+
+
+def test_the_workers_role_allows_the_node_cache_fill_on_the_staged_revision_and_the_one_before(
+    synthesized: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    prefix = _weights(synthesized)["Prefix"]
+    policies = principal_policies(synthesized, _workers_role(synthesized), _names(synthesized))
+    calls = _node_cache_calls(prefix, monkeypatch, tmp_path / "now")
+    assert Call("s3:ListBucket", f"arn:aws:s3:::{BUCKET_NAME}", (("s3:prefix", f"{prefix}/"),)) in calls
+    assert denied(policies, calls) == []
+    assert denied(policies, _node_cache_calls(_other_revision(prefix), monkeypatch, tmp_path / "old")) == []
+
+
+def test_the_rung_fails_on_the_node_cache_fill_under_the_revision_narrowed_grant(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    before = json.loads(
+        gzip.decompress((FIXTURES / "lifecycle" / "before-runtime-fixes" / "default.template.json.gz").read_bytes())
+    )
+    old = _other_revision(_weights(before)["Prefix"])
+    missing = denied(principal_policies(before, _workers_role(before), _names(before)),
+                     _node_cache_calls(old, monkeypatch, tmp_path))  # fmt: skip
+    assert f"s3:ListBucket on arn:aws:s3:::{BUCKET_NAME}" in missing
+    assert f"s3:GetObject on arn:aws:s3:::{BUCKET_NAME}/{old}/hash" in missing
 
 
 # --- the Ray pods' secret reads and the capacity check --------------------------------------------

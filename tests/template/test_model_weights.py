@@ -64,12 +64,23 @@ def test_s3_from_the_private_subnets_takes_the_gateway_endpoint(default: dict[st
     assert {t["Ref"] for t in props["RouteTableIds"]} == private_tables and len(private_tables) == 2
 
 
-def test_both_engines_load_the_staged_revision_through_rays_s3_mirror(default: dict[str, Any]) -> None:
+def test_both_engines_load_the_staged_revision_through_the_node_cache(default: dict[str, Any]) -> None:
+    """The node cache fills each node's folder from the staged prefix (tests/template/test_node_cache.py);
+    the engines read the folder with vLLM's default loader."""
     args = serve_args(_ray_service(default))
-    sources = {side: args[side]["model_loading_config"]["model_source"] for side in ("prefill_config", "decode_config")}
+    sides = ("prefill_config", "decode_config")
+    sources = {side: args[side]["callback_config"]["callback_kwargs"]["source"] for side in sides}
     (bucket_id, _) = _one(default, "AWS::S3::Bucket")
     assert set(sources.values()) == {f"s3://<{bucket_id}>/{PREFIX}"}
     assert all("load_format" not in args[side]["engine_kwargs"] for side in sources)  # vLLM's default loader
+
+
+def test_without_the_node_cache_both_engines_read_the_staged_revision_through_rays_s3_mirror() -> None:
+    template = dict(Template.from_stack(build_stack(node_cache=False)).to_json())
+    args = serve_args(_ray_service(template))
+    sources = {side: args[side]["model_loading_config"]["model_source"] for side in ("prefill_config", "decode_config")}
+    (bucket_id, _) = _one(template, "AWS::S3::Bucket")
+    assert set(sources.values()) == {f"s3://<{bucket_id}>/{PREFIX}"}
 
 
 def test_the_workers_read_the_staged_revisions_only_through_pod_identity(default: dict[str, Any]) -> None:
@@ -108,7 +119,11 @@ def test_the_ray_service_waits_for_the_staging_and_the_association(default: dict
 
 def test_a_pinned_revision_gets_its_own_prefix() -> None:
     args = serve_args(_ray_service(dict(Template.from_stack(build_stack(model_revision="c0ffee0123")).to_json())))
-    assert args["decode_config"]["model_loading_config"]["model_source"].endswith("/models/Qwen/Qwen3.5-9B/c0ffee0123")
+    assert args["decode_config"]["callback_config"]["callback_kwargs"]["source"].endswith(
+        "/models/Qwen/Qwen3.5-9B/c0ffee0123"
+    )
+    # Each revision its own folder on the node: the old one serves until the new one is filled.
+    assert args["decode_config"]["model_loading_config"]["model_source"].endswith("/Qwen--Qwen3.5-9B/c0ffee0123")
 
 
 def test_huggingface_keeps_the_old_path_and_adds_nothing() -> None:

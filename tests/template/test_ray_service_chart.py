@@ -25,7 +25,7 @@ def default_service() -> dict[str, Any]:
 
 
 def test_namespace_and_name_are_explicit(default_service: dict[str, Any]) -> None:
-    namespace, workers, head, _code, _guard, _failover, service = render()
+    namespace, workers, head, _code, _guard, _failover, _node_cache, service = render()
     # The pods' service accounts exist in every configuration: a flipped setting never drops one
     # from the manifest (kubectl's prune would leave it in the cluster).
     assert [(a["kind"], a["metadata"]["name"]) for a in (workers, head)] == [
@@ -216,18 +216,22 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
     # The KV guard's and the failover's code, mounted whether each is on or off
-    # (RayServiceProps.kv_guard_program, failover_program).
+    # (RayServiceProps.kv_guard_program, failover_program); the node cache's code and the node's disk.
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
         {"name": "kv-guard-code", "mountPath": "/opt/eks-pd/kv-guard", "readOnly": True},
         {"name": "failover-code", "mountPath": "/opt/eks-pd/failover", "readOnly": True},
+        {"name": "node-cache-code", "mountPath": "/opt/eks-pd/node-cache", "readOnly": True},
+        {"name": "node-cache", "mountPath": "/var/cache/eks-pd"},
     ]
     assert spec["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}},
         {"name": "kv-guard-code", "configMap": {"name": "ray-llm-kv-guard-code"}},
         {"name": "failover-code", "configMap": {"name": "ray-llm-failover-code"}},
+        {"name": "node-cache-code", "configMap": {"name": "ray-llm-node-cache-code"}},
+        {"name": "node-cache", "hostPath": {"path": "/mnt/k8s-disks/0/eks-pd-serving", "type": "DirectoryOrCreate"}},
     ]
-    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard:/opt/eks-pd/failover"
+    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard:/opt/eks-pd/failover:/opt/eks-pd/node-cache"
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:

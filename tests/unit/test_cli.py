@@ -948,3 +948,44 @@ def test_cost_of_a_brought_key_secret_is_its_reads_only(tmp_path: Path) -> None:
     lines = {line.item: line for line in cost.estimate(template, "us-east-1", datetime.date(2026, 11, 29))[0]}
     assert lines["Secrets Manager secret (API keys)"].quantity == 0  # billed to whoever owns it
     assert lines["Secrets Manager reads (API keys)"].quantity == 360
+
+
+def test_verify_splits_a_workers_cold_start_into_its_parts() -> None:
+    from kubernetes import client
+
+    at = datetime.datetime(2026, 12, 6, 10, 0, tzinfo=datetime.UTC)
+    pod = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="ray-llm-x7k2p-gpu-workers-worker-q8w2n"),
+        status=client.V1PodStatus(
+            conditions=[
+                client.V1PodCondition(type="PodScheduled", status="True", last_transition_time=at),
+                client.V1PodCondition(
+                    type="Ready", status="True", last_transition_time=at + datetime.timedelta(seconds=431)
+                ),
+            ],
+            container_statuses=[
+                client.V1ContainerStatus(
+                    name="ray-worker", image="ray", image_id="", ready=True, restart_count=0,
+                    state=client.V1ContainerState(
+                        running=client.V1ContainerStateRunning(started_at=at + datetime.timedelta(seconds=74))
+                    ),
+                )
+            ],
+        ),
+    )  # fmt: skip
+    pulled = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name="e"), involved_object=client.V1ObjectReference(), reason="Pulled",
+        message='Successfully pulled image "763104351884.dkr.ecr.us-east-1.amazonaws.com/ray:serve-llm-cuda-v1.0" '
+        "in 1m2.481s (1m2.481s including waiting). Image size: 21474836480 bytes.",
+    )  # fmt: skip
+    log = (FIXTURES / "worker-cold-start.log").read_text()
+    first_start = log.split("INFO 2026-12-06 11:40")[0]
+    check = verify.cold_start_split(pod, [pulled], first_start)
+    assert check.passed and check.detail == (
+        "scheduled to started 74 s; image pulled in 1m2.481s; weights from S3 to the node: 17.70 GiB in 84.2 s; "
+        "vLLM loaded them in 12.70 s; engine init 126.46 s; started to ready 357 s"
+    )
+    # A later start in the same pod: the node's copy, and the last lines' figures.
+    again = verify.cold_start_split(pod, [], log).detail
+    assert "weights: the node's copy, none from S3; vLLM loaded them in 11.92 s; engine init 31.08 s" in again
+    assert "from S3 to the node" not in again

@@ -12,6 +12,7 @@ import pytest
 from support import leaves
 
 from eks_pd_serving.fault_tolerance import kv_guard
+from eks_pd_serving.k8s import serve_config
 from rehearsal import profile, verdict
 
 
@@ -33,6 +34,12 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
     before, after = by_app(deployed), by_app(rehearsed)
     changed = {k for k in after if before.get(k) != after[k]}
+    # Without a local S3 the engines load the checkpoint itself: the node cache's callback goes.
+    assert set(before) - set(after) == {
+        f"{app}/args/llm_config/callback_config/{key}"
+        for app in ("pd-prefill", "pd-decode")
+        for key in ("callback_class", "callback_kwargs/source")
+    }
     # Every prompt disaggregated: the rehearsal's prompts are all short (profile.every_prompt_disaggregated).
     assert changed == {f"{app}/deployments/0/user_config/short_prompt_tokens" for app in ("pd-decode", "pd-openai")} | {
         f"{app}/args/llm_config/{key}"
@@ -45,8 +52,14 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
             "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
         )
     }
-    assert set(before) <= set(after)  # nothing removed: model id, roles, connector all kept
     assert "+        model_source: /ckpt" in profile.diff(deployed, rehearsed)
+    # With the local S3 the callback stays, filling a folder of this machine's node cache from it.
+    staged = profile.local_profile(deployed, Path("/ckpt"), "s3://rehearsal-model-weights/models/q/main")
+    llm = serve_config.llm_config(staged, "decode")
+    assert llm["callback_config"]["callback_kwargs"]["source"] == "s3://rehearsal-model-weights/models/q/main"
+    assert llm["model_loading_config"]["model_source"] == str(
+        profile.LOCAL_NODE_CACHE / "weights" / "Qwen--Qwen3.5-9B" / "main"
+    )
 
 
 def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_file: Path) -> None:
@@ -56,6 +69,9 @@ def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_f
     # The KV guard's mount becomes the package's folder holding the same file.
     guard = str(Path(kv_guard.__file__).parent)
     assert env.pop("PYTHONPATH").split(os.pathsep)[0] == guard
+    # The compile caches move from the node's disk to this machine's stand-in for it.
+    compiled = {k: env.pop(k) for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    assert all(v.startswith(f"{profile.LOCAL_NODE_CACHE}/compile/") for v in compiled.values())
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1", "RAY_LOG_TO_STDERR": "1",
                    "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
                    "RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": "auto"}  # fmt: skip

@@ -19,7 +19,11 @@
   --api-key, or $EKS_PD_API_KEY: the stack's ApiKeyCommand output prints one);
 - the serving namespace's NetworkPolicies are in place (the Ray head closed to other pods);
 - with endpoint_exposure=internal: the NLB exists and its DNS name (it answers only from inside
-  the VPC: run verify there with --endpoint http://<that name>).
+  the VPC: run verify there with --endpoint http://<that name>);
+- each GPU worker's cold start, split into its parts (information, never a failure): scheduled to
+  image pulled (the kubelet's event), container started, the weights (filled from S3 or read from
+  the node cache, its own log line), vLLM's weight load and its engine init (their log lines), and
+  the pod ready; docs/features/cold-start.md holds the budget they are measured against.
 
 Open the two ports first, as the stack outputs say:
   kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -127,6 +132,64 @@ def check_pods(
     if not workers:
         checks.append(Check("Ray workers", False, f"no worker pod of {cluster_prefix} in {namespace}"))
     return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}, heads
+
+
+# The parts of an engine start, as their programs log them (vLLM 0.26's lines, captured in
+# docs/gpu-runs/2026-12-03; the node cache's, weights/node_cache/eks_pd_node_cache.py), each with
+# how verify words its last occurrence.
+_COLD_START_LINES: dict[str, tuple[re.Pattern[str], str]] = {
+    "filled": (
+        re.compile(r"node cache: filled \S+ with snapshot \S+ from \S+: \d+ files, ([\d.]+) GiB in ([\d.]+) s"),
+        "weights from S3 to the node: {0} GiB in {1} s",
+    ),
+    "reused": (
+        re.compile(r"node cache: (\S+) holds snapshot \S+, no weights read from S3"),
+        "weights: the node's copy, none from S3",
+    ),
+    "loaded": (re.compile(r"Loading weights took ([\d.]+) seconds"), "vLLM loaded them in {0} s"),
+    "engine": (
+        re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
+        "engine init {0} s",
+    ),
+}
+_PULLED = re.compile(r'Successfully pulled image "[^"]+" in ([\dhms.]+)')
+
+
+def _since(start: datetime.datetime | None, end: datetime.datetime | None) -> str:
+    return f"{(end - start).total_seconds():.0f} s" if start and end else "?"
+
+
+def cold_start_split(pod: Any, events: list[Any], log: str) -> Check:
+    """One worker pod's last start in its parts, each from where Kubernetes or the program says it:
+    the pod's conditions, the kubelet's image event and the engines' log lines (the last of each)."""
+    conditions = {c.type: c.last_transition_time for c in (pod.status.conditions or [])}
+    statuses = pod.status.container_statuses or []
+    running = next((s.state.running for s in statuses if s.state and s.state.running), None)
+    started = running.started_at if running else None
+    parts = [f"scheduled to started {_since(conditions.get('PodScheduled'), started)}"]
+    pulls = [e.message for e in events if e.reason == "Pulled"]
+    if pulls:
+        took = _PULLED.search(pulls[-1])
+        parts.append(f"image pulled in {took.group(1)}" if took else "image already on the node")
+    last = {key: list(pattern.finditer(log))[-1:] for key, (pattern, _) in _COLD_START_LINES.items()}
+    if last["filled"] and last["reused"]:  # the last start's weights: filled or found on the node
+        last["filled" if last["filled"][0].start() < last["reused"][0].start() else "reused"] = []
+    for key, (_, wording) in _COLD_START_LINES.items():
+        if last[key]:
+            parts.append(wording.format(*last[key][0].groups()))
+    parts.append(f"started to ready {_since(started, conditions.get('Ready'))}")
+    return Check(f"cold start {pod.metadata.name}", True, "; ".join(parts))
+
+
+def check_cold_start(core: Any, namespace: str, workers: list[Any]) -> list[Check]:
+    """``cold_start_split`` for each worker pod (information: a slow start is no failure)."""
+    checks = []
+    for pod in workers:
+        name = pod.metadata.name
+        events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
+        log = core.read_namespaced_pod_log(name, namespace, container="ray-worker")
+        checks.append(cold_start_split(pod, events, log))
+    return checks
 
 
 def head_restarts(head: Any) -> str:
@@ -444,8 +507,11 @@ def run(args: argparse.Namespace) -> int:
             "UpdateKubeconfigCommand output, which authenticates as ClusterAdminRoleArn; you need sts:AssumeRole on it"
         )
         return 1
-    pod_checks, pod_nodes, heads = check_pods(core, settings.namespace, f"{settings.ray_service_name}-", system_nodes)
+    prefix = f"{settings.ray_service_name}-"
+    pod_checks, pod_nodes, heads = check_pods(core, settings.namespace, prefix, system_nodes)
     checks += pod_checks
+    workers = core.list_namespaced_pod(settings.namespace, label_selector="ray.io/node-type=worker").items
+    checks += check_cold_start(core, settings.namespace, [p for p in workers if p.metadata.name.startswith(prefix)])
     checks.append(
         check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
     )

@@ -116,6 +116,27 @@ class Settings(BaseModel):
         description="Instance type of the GPU node group; needs a GPU and EFA.",
         json_schema_extra=_hint("a GPU type with EFA, such as g6.8xlarge"),
     )
+    fast_image_pull: bool = Field(
+        True,
+        description=(
+            "Pull and unpack the serving image on the GPU nodes in parallel: nodeadm's FastImagePull feature gate "
+            "(SOCI's parallel pull mode, on the EKS AL2023 AMIs since v20250821; nodeadm ignores it below 4 vCPUs "
+            "and 7 GiB), with the root volume's gp3 throughput raised to 600 MiB/s as the AMI's docs recommend "
+            "(about $19 a node-month above gp3's included 125 MiB/s, us-east-1)."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
+    node_cache: bool = Field(
+        True,
+        description=(
+            "Keep on each GPU node what an engine start would otherwise fetch or build again: the instance store's "
+            "NVMe disks as one RAID0 array (nodeadm's localStorage; containerd's images land there too), the "
+            "checkpoint copied there once per node and revision (weights_source=s3: a pod or replica restart reads "
+            "no weights from S3; the newest two revisions are kept) and vLLM's and Triton's compile caches keyed by "
+            "the image. A type without instance storage keeps them on its root volume."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
     gpu_node_count: int = Field(
         2,
         ge=1,
@@ -665,7 +686,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "system_root_volume_gib", "log_retention_days",
     ),
     "GPU nodes and capacity": (
-        "gpu_availability_zone", "gpu_instance_type", "gpu_node_count", "gpu_root_volume_gib", "gpu_layout",
+        "gpu_availability_zone", "gpu_instance_type", "gpu_node_count", "gpu_root_volume_gib", "fast_image_pull",
+        "node_cache", "gpu_layout",
         "prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
         "decode_gpu_node_count", "gpu_capacity", "prefill_capacity", "decode_capacity",
     ),

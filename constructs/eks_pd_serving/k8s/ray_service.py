@@ -18,6 +18,7 @@ from .specs import (
     SERVE_PORT,
     GcsFaultToleranceSpec,
     InitProgram,
+    NodeCacheSpec,
     PodProgram,
     PodResources,
     RayAutoscalerSpec,
@@ -31,6 +32,8 @@ LOG_TO_STDERR = "RAY_LOG_TO_STDERR"
 _API_KEYS_VOLUME = "api-keys-code"
 _KV_GUARD_VOLUME = "kv-guard-code"
 _FAILOVER_VOLUME = "failover-code"
+_NODE_CACHE_CODE_VOLUME = "node-cache-code"
+_NODE_CACHE_VOLUME = "node-cache"
 
 # Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
 # EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
@@ -79,6 +82,7 @@ class RayNamespaceChart(cdk8s.Chart):
             ("ApiKeysCode", props.api_keys_hook.program if props.api_keys_hook else None),
             ("KvGuardCode", props.kv_guard_program),
             ("FailoverCode", props.failover_program),
+            ("NodeCacheCode", props.node_cache.program if props.node_cache else None),
         ):
             if program is not None:
                 kplus.ConfigMap(
@@ -308,7 +312,10 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         # Ray's S3 mirror (boto3) signs for the regional endpoint, which the VPC's gateway endpoint serves.
         env.extend(_region_env(props.aws_region))
     guard, failover = props.kv_guard_program, props.failover_program
-    env.extend(_api_keys_env(props, tuple(p.mount_path for p in (guard, failover) if p)))
+    cache = props.node_cache
+    env.extend(_node_cache_env(cache))
+    programs = (guard, failover, cache.program if cache else None)
+    env.extend(_api_keys_env(props, tuple(p.mount_path for p in programs if p)))
     if props.kv_guard:
         env.extend(
             [
@@ -354,4 +361,36 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         },
     )
     pod = _with_program(failover, _FAILOVER_VOLUME, _with_program(guard, _KV_GUARD_VOLUME, pod))
+    if cache is not None:
+        pod = _with_node_cache(cache, _with_program(cache.program, _NODE_CACHE_CODE_VOLUME, pod))
     return {**spec, "template": pod}
+
+
+def _node_cache_env(cache: NodeCacheSpec | None) -> list[dict[str, Any]]:
+    """The compile caches on the node's disk, in a folder of the image's key: vLLM's torch.compile
+    artifacts, TorchInductor's kernels, Triton's (each keyed inside by the engine's settings and the
+    kernels' source, so a settings change never reads a stale entry)."""
+    if cache is None:
+        return []
+    compiled = f"{cache.mount_path}/compile/{cache.compile_key}"
+    env = [
+        {"name": "VLLM_CACHE_ROOT", "value": f"{compiled}/vllm"},
+        {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{compiled}/inductor"},
+        {"name": "TRITON_CACHE_DIR", "value": f"{compiled}/triton"},
+    ]
+    if cache.hub_cache:
+        env.append({"name": "HF_HUB_CACHE", "value": f"{cache.mount_path}/huggingface"})
+    return env
+
+
+def _with_node_cache(cache: NodeCacheSpec, pod: dict[str, Any]) -> dict[str, Any]:
+    """``pod`` with the node's disk mounted read-write (the kubelet creates the folder if missing)."""
+    spec = pod["spec"]
+    (container,) = spec["containers"]
+    container["volumeMounts"] = [
+        *container["volumeMounts"],
+        {"name": _NODE_CACHE_VOLUME, "mountPath": cache.mount_path},
+    ]
+    volume = {"name": _NODE_CACHE_VOLUME, "hostPath": {"path": cache.host_path, "type": "DirectoryOrCreate"}}
+    spec["volumes"] = [*spec["volumes"], volume]
+    return pod

@@ -110,7 +110,7 @@ def build_llm_config(
     """One side's Ray Serve ``LLMConfig`` as a plain dict. ``replicas_in_args``: its replicas and
     timing inside it (Ray's own builder); False: left to the application's overrides."""
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": model.model_id, "model_source": model.model_source},
+        "model_loading_config": {"model_id": model.model_id, "model_source": model.local_folder or model.model_source},
         "deployment_config": deployment_config(engine) if replicas_in_args else {},
         "engine_kwargs": {
             "max_model_len": model.max_model_len,
@@ -125,6 +125,12 @@ def build_llm_config(
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
+    if model.local_folder:
+        # Ray runs it on each node of the replica's placement group before the engine reads the folder.
+        config["callback_config"] = {
+            "callback_class": model.fill_callback,
+            "callback_kwargs": {"source": model.model_source},
+        }
     config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": NIXL_PORT_BASES[phase]}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.

@@ -25,6 +25,12 @@ class ModelSpec:
     #: What the weights are, in words that never hold a deploy-time token (``model_source`` may: a
     #: bucket's name): the phases' pair key digests this instead. Default: "" (``model_source``).
     weights: str = ""
+    #: A folder of the node cache the engines load from, filled from ``model_source`` (an s3://
+    #: URI) by ``fill_callback`` (Ray's ``LLMConfig.callback_config``) before each engine start.
+    #: Default: "" (the engines load ``model_source`` itself).
+    local_folder: str = ""
+    #: The callback's import path; required with ``local_folder``.
+    fill_callback: str = ""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,21 @@ class PodProgram:
     digest: str
     mount_path: str
     annotation: str
+
+
+@dataclass(frozen=True)
+class NodeCacheSpec:
+    """The GPU node's disk for what an engine start would otherwise fetch or build again, mounted on
+    every GPU worker: the models' ``local_folder`` copies (``program`` fills them) and vLLM's,
+    TorchInductor's and Triton's compile caches under ``compile_key`` (the image's digest)."""
+
+    host_path: str
+    mount_path: str
+    program: PodProgram
+    compile_key: str
+    #: Hugging Face's cache there too (the engines download from the Hub: weights_source=huggingface).
+    #: Default: False.
+    hub_cache: bool = False
 
 
 @dataclass(frozen=True)
@@ -291,6 +312,8 @@ class RayServiceProps:
     # The failover's code, mounted on the head and every GPU worker whether failover is on or off
     # (as the guard's); None: not shipped.
     failover_program: PodProgram | None = None
+    # The node cache on every GPU worker; None: none (each start fetches and compiles anew).
+    node_cache: NodeCacheSpec | None = None
 
     @property
     def serve_service_name(self) -> str:

@@ -1,0 +1,205 @@
+"""The checkpoint on the GPU node's own disk (pod-side: Ray Serve LLM's ``LLMConfig`` callback).
+
+The serve config points each engine's ``model_source`` at a folder of the node cache (a hostPath on
+the node's instance store, or its root volume) and names ``NodeWeights`` as its callback. Ray runs
+the callback's ``on_before_download_model_files_distributed`` on every node of the replica's
+placement group before the engine reads ``model_source`` (Ray 2.58,
+``serve/utils/node_initialization_utils.py``). It makes that folder hold the staged revision:
+
+- complete and of the staged snapshot (the ``hash`` object, a few bytes): nothing else is read;
+- missing, partial or of another snapshot: the files are copied from S3 into a folder beside it and
+  renamed into place, so the engine never reads half a checkpoint under its name;
+- S3 unreachable, with a complete copy: the copy serves, and the log says so.
+
+One fill at a time per folder on a node (an ``flock`` on the node's disk, which every pod there
+shares); a replica that waited finds the copy complete. After a fill, the model's folders beyond the
+newest ``KEEP`` are removed: a revision change has two in play, the old and the new.
+Standard library and boto3 (which the image's Ray uses for its own S3 mirror).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger("ray.serve")
+
+# Import path of the callback, as the serve config names it.
+CALLBACK_CLASS = "eks_pd_node_cache:NodeWeights"
+# The staging job's objects beside the files (weights/job/stage.py): not part of the checkpoint.
+HASH = "hash"
+SKIPPED = (".staged", ".staging-error", HASH)
+# Written last into a complete copy: the snapshot it holds, its files and how long the copy took.
+COMPLETE = ".complete"
+KEEP = 2
+# Files copied at once, and each file's ranged parts at once (boto3's transfer manager).
+FILES_AT_ONCE = 8
+PARTS_AT_ONCE = 8
+# Free space left on the node's disk after a fill (kubelet evicts pods below 10% free).
+FREE_MARGIN = 0.10
+
+
+class NodeCacheError(RuntimeError):
+    """One line: what the fill could not do, where, and the fix."""
+
+
+def _s3() -> Any:
+    # boto3 reads the region and any endpoint (AWS_ENDPOINT_URL_S3: the rehearsal's) from the env.
+    import boto3
+    from boto3.s3.transfer import TransferConfig
+
+    return boto3.client("s3"), TransferConfig(max_concurrency=PARTS_AT_ONCE)
+
+
+def split(source: str) -> tuple[str, str]:
+    """``s3://bucket/prefix`` -> (bucket, "prefix/")."""
+    if not source.startswith("s3://"):
+        raise NodeCacheError(f"node cache: source {source!r} is not an s3:// URI")
+    bucket, _, prefix = source.removeprefix("s3://").partition("/")
+    return bucket, prefix.rstrip("/") + "/"
+
+
+def complete_snapshot(folder: Path) -> str | None:
+    """The snapshot a complete copy holds, or None."""
+    try:
+        return str(json.loads((folder / COMPLETE).read_text())["snapshot"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def staged_snapshot(client: Any, bucket: str, prefix: str) -> str:
+    """The snapshot id the staging job wrote beside the files (Ray's mirror reads the same)."""
+    body: bytes = client.get_object(Bucket=bucket, Key=prefix + HASH)["Body"].read()
+    return body.decode().strip()
+
+
+def _listing(client: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
+    files = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+        for item in page.get("Contents", []):
+            name = item["Key"][len(prefix) :]
+            if name and not name.endswith("/") and name not in SKIPPED:
+                files.append((name, int(item.get("Size", 0))))
+    return files
+
+
+def _check_room(folder: Path, needed: int) -> None:
+    usage = shutil.disk_usage(folder)
+    if usage.free - needed < usage.total * FREE_MARGIN:
+        raise NodeCacheError(
+            f"node cache: {folder} has {usage.free / 2**30:.1f} GiB free, the checkpoint needs "
+            f"{needed / 2**30:.1f} GiB and 10% must stay free; give the GPU nodes a type with more instance "
+            "storage or a larger gpu_root_volume_gib"
+        )
+
+
+def _copy(client: Any, transfer: Any, bucket: str, prefix: str, files: list[tuple[str, int]], into: Path) -> None:
+    def one(name: str) -> None:
+        target = into / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        client.download_file(bucket, prefix + name, str(target), Config=transfer)
+
+    with ThreadPoolExecutor(FILES_AT_ONCE) as pool:
+        for done in pool.map(one, [name for name, _ in files]):
+            del done
+
+
+def prune(model_dir: Path, keep: int = KEEP, serving: Path | None = None) -> list[Path]:
+    """Remove the model's complete copies beyond the newest ``keep`` (and leftovers of fills that
+    died), never ``serving``; returns what was removed."""
+    copies = sorted(
+        (p for p in model_dir.iterdir() if p.is_dir() and complete_snapshot(p) is not None),
+        key=lambda p: (p / COMPLETE).stat().st_mtime,
+        reverse=True,
+    )
+    removed = [p for p in copies[keep:] if p != serving]
+    removed += [p for p in model_dir.iterdir() if p.is_dir() and p.name.startswith(".fill-") and not _locked(p)]
+    for path in removed:
+        shutil.rmtree(path, ignore_errors=True)
+    return removed
+
+
+def _locked(partial: Path) -> bool:
+    """A fill's folder is another process's while its lock file is held."""
+    lock = partial.parent / (partial.name.split(".fill-", 1)[-1].rsplit("-", 1)[0] + ".lock")
+    try:
+        with lock.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+
+
+def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
+    """Make ``folder`` a complete copy of the staged revision at ``source``; returns one line
+    saying what was done (reused, filled, or served stale)."""
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    bucket, prefix = split(source)
+    client, transfer = _s3()
+    with (folder.parent / f"{folder.name}.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        have = complete_snapshot(folder)
+        try:
+            wanted = staged_snapshot(client, bucket, prefix)
+        except Exception as error:
+            if have is None:
+                raise NodeCacheError(
+                    f"node cache: cannot read {source}/{HASH} ({error}) and {folder} holds no copy"
+                ) from error
+            return f"node cache: {folder} serves snapshot {have} (S3 unreachable: {error})"
+        if have == wanted:
+            os.utime(folder / COMPLETE)
+            return f"node cache: {folder} holds snapshot {wanted}, no weights read from S3"
+        started = time.monotonic()
+        files = _listing(client, bucket, prefix)
+        if not files:
+            raise NodeCacheError(f"node cache: {source} lists no files; the weights are not staged there")
+        size = sum(n for _, n in files)
+        _check_room(folder.parent, size)
+        partial = folder.parent / f".fill-{folder.name}-{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        _copy(client, transfer, bucket, prefix, files, partial)
+        seconds = time.monotonic() - started
+        record = {
+            "snapshot": wanted,
+            "source": source,
+            "files": len(files),
+            "bytes": size,
+            "seconds": round(seconds, 1),
+        }
+        (partial / COMPLETE).write_text(json.dumps(record, sort_keys=True))
+        if folder.exists():
+            shutil.rmtree(folder)
+        partial.rename(folder)
+        removed = prune(folder.parent, keep, serving=folder)
+        gone = f"; removed {', '.join(p.name for p in removed)}" if removed else ""
+        return (
+            f"node cache: filled {folder} with snapshot {wanted} from {source}: {len(files)} files, "
+            f"{size / 2**30:.2f} GiB in {seconds:.1f} s ({size / 2**20 / max(seconds, 1e-3):.0f} MiB/s){gone}"
+        )
+
+
+try:  # the pods (and the rehearsals) have Ray; the package's tests import fill() without it
+    from ray.llm._internal.common.callbacks.base import CallbackBase
+except ImportError:  # pragma: no cover - Ray-less import
+    CallbackBase = object
+
+
+class NodeWeights(CallbackBase):  # type: ignore[misc]
+    """Ray's ``callback_config.callback_class``: ``callback_kwargs`` = {"source": "s3://bucket/prefix"};
+    the folder is the LLMConfig's own ``model_source``."""
+
+    def on_before_download_model_files_distributed(self) -> None:
+        folder = Path(self.llm_config.model_loading_config.model_source)
+        logger.info(fill(self.kwargs["source"], folder))

@@ -1,0 +1,134 @@
+"""What the GPU nodes keep between two starts: nodeadm's configuration in the GPU launch template
+(FastImagePull, the instance store as one RAID0 array), the worker pods' mount of the node's disk,
+the engines loading the node's copy of the staged weights through the fill callback, and the compile
+caches in a folder keyed by the image."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import cdk8s
+import pytest
+import yaml
+from aws_cdk.assertions import Template
+from support import RAY_IMAGE, build_stack, resources_of_type
+
+from eks_pd_serving.config import DeploymentConfig
+from eks_pd_serving.k8s import RayServiceChart
+from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.mapping import ray_service_props
+from eks_pd_serving.weights import node_cache
+
+WEIGHTS_URI = "s3://model-weights/models/Qwen/Qwen3.5-9B/main"
+
+
+def gpu_launch_template_data(**settings: Any) -> dict[str, Any]:
+    template = dict(Template.from_stack(build_stack(**settings)).to_json())
+    templates = resources_of_type(template, "AWS::EC2::LaunchTemplate").values()
+    (data,) = [lt["Properties"]["LaunchTemplateData"] for lt in templates
+               if "NetworkInterfaces" in lt["Properties"]["LaunchTemplateData"]]  # fmt: skip
+    return dict(data)
+
+
+def node_config(data: dict[str, Any]) -> dict[str, Any] | None:
+    """The NodeConfig in the launch template's MIME user data (Fn::Base64 of the text)."""
+    if "UserData" not in data:
+        return None
+    text = data["UserData"]["Fn::Base64"]
+    head, part = text.split("Content-Type: application/node.eks.aws\n\n", 1)
+    assert 'Content-Type: multipart/mixed; boundary="EKSPDSERVING"' in head
+    return dict(yaml.safe_load(part.split("\n--EKSPDSERVING--")[0]))
+
+
+def test_gpu_nodes_pull_in_parallel_and_raid_the_instance_store() -> None:
+    data = gpu_launch_template_data()
+    assert node_config(data) == {
+        "apiVersion": "node.eks.aws/v1alpha1",
+        "kind": "NodeConfig",
+        "spec": {"featureGates": {"FastImagePull": True}, "instance": {"localStorage": {"strategy": "RAID0"}}},
+    }
+    (root,) = data["BlockDeviceMappings"]
+    assert root["Ebs"]["Throughput"] == 600 and root["Ebs"]["VolumeType"] == "gp3"
+
+
+@pytest.mark.parametrize(
+    ("settings", "spec", "throughput"),
+    [
+        ({"fast_image_pull": False}, {"instance": {"localStorage": {"strategy": "RAID0"}}}, None),
+        ({"node_cache": False}, {"featureGates": {"FastImagePull": True}}, 600),
+        ({"fast_image_pull": False, "node_cache": False}, None, None),
+    ],
+)
+def test_each_node_option_turns_off_alone(settings: dict[str, Any], spec: Any, throughput: int | None) -> None:
+    data = gpu_launch_template_data(**settings)
+    found = node_config(data)
+    assert (found and found["spec"]) == spec
+    assert data["BlockDeviceMappings"][0]["Ebs"].get("Throughput") == throughput
+
+
+def worker(service: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (group, *_) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    return group["template"]["spec"], container
+
+
+def rendered(weights_uri: str | None = WEIGHTS_URI, image: str = RAY_IMAGE, **settings: Any) -> dict[str, Any]:
+    props = ray_service_props(DeploymentConfig.create(**settings), image, weights_uri=weights_uri)
+    documents = cdk8s.Testing.synth(RayServiceChart(cdk8s.App(), "RayService", props=props))
+    (service,) = [d for d in documents if d["kind"] == "RayService"]
+    return dict(service)
+
+
+def test_engines_load_the_nodes_copy_filled_from_the_staged_weights() -> None:
+    service = rendered()
+    config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    folder = f"{node_cache.CACHE_PATH}/weights/Qwen--Qwen3.5-9B/main"
+    for phase in ("prefill", "decode"):
+        llm = layout.llm_config(config, phase)
+        assert llm["model_loading_config"]["model_source"] == folder
+        assert llm["callback_config"] == {
+            "callback_class": "eks_pd_node_cache:NodeWeights",
+            "callback_kwargs": {"source": WEIGHTS_URI},
+        }
+    spec, container = worker(service)
+    assert {"name": "node-cache", "hostPath": {"path": node_cache.HOST_PATH, "type": "DirectoryOrCreate"}} in spec[
+        "volumes"
+    ]
+    assert {"name": "node-cache", "mountPath": node_cache.CACHE_PATH} in container["volumeMounts"]
+    python_path = next(e["value"] for e in container["env"] if e["name"] == "PYTHONPATH").split(":")
+    assert node_cache.MOUNT_PATH in python_path
+
+
+def compile_env(service: dict[str, Any]) -> dict[str, str]:
+    _, container = worker(service)
+    names = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "HF_HUB_CACHE")
+    return {e["name"]: e["value"] for e in container["env"] if e["name"] in names}
+
+
+def test_compile_caches_are_keyed_by_the_image() -> None:
+    env = compile_env(rendered())
+    key = node_cache.compile_key(RAY_IMAGE)
+    assert env == {
+        "VLLM_CACHE_ROOT": f"{node_cache.CACHE_PATH}/compile/{key}/vllm",
+        "TORCHINDUCTOR_CACHE_DIR": f"{node_cache.CACHE_PATH}/compile/{key}/inductor",
+        "TRITON_CACHE_DIR": f"{node_cache.CACHE_PATH}/compile/{key}/triton",
+    }
+    other = compile_env(rendered(image=RAY_IMAGE + "-next"))
+    assert all(other[name] != value for name, value in env.items())
+    # Not of the registry's host: synth may hold its region as a token, whose text varies.
+    assert node_cache.compile_key(RAY_IMAGE.replace("us-east-1", "${Token[AWS.Region.12]}")) == key
+
+
+def test_weights_from_the_hub_keep_the_hubs_cache_on_the_node() -> None:
+    service = rendered(weights_uri=None, weights_source="huggingface")
+    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), "decode")
+    assert llm["model_loading_config"]["model_source"] == "Qwen/Qwen3.5-9B" and "callback_config" not in llm
+    assert compile_env(service)["HF_HUB_CACHE"] == f"{node_cache.CACHE_PATH}/huggingface"
+
+
+def test_without_the_node_cache_the_engines_read_s3_as_before() -> None:
+    service = rendered(node_cache=False)
+    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), "decode")
+    assert llm["model_loading_config"]["model_source"] == WEIGHTS_URI and "callback_config" not in llm
+    spec, _ = worker(service)
+    assert compile_env(service) == {} and all("hostPath" not in v for v in spec["volumes"])

@@ -1,0 +1,124 @@
+"""The node cache's fill (``eks_pd_node_cache.fill``, pod-side) against moto's S3, with every S3
+call it sends recorded: a node reads the weights once per revision, a restart reads only the
+``hash`` object, a new snapshot refills, two revisions are kept, nothing half-written is served."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from support import moto_aws
+
+from eks_pd_serving.cli import verify
+from eks_pd_serving.weights.node_cache import eks_pd_node_cache as cache
+
+BUCKET = "weights"
+PREFIX = "models/Qwen/Qwen3.5-9B/main"
+SOURCE = f"s3://{BUCKET}/{PREFIX}"
+FILES = {"model-00001-of-00002.safetensors": b"a" * 70_000, "model-00002-of-00002.safetensors": b"b" * 9_000,
+         "config.json": b"{}", "tokenizer.json": b"{\"t\": 1}"}  # fmt: skip
+
+
+@pytest.fixture
+def s3_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
+    """moto's S3 with the staged layout (the files, ``hash``, ``.staged``); yields every call the
+    default session's clients send, as (operation, key)."""
+    calls: list[tuple[str, str]] = []
+    with moto_aws(monkeypatch):
+        s3 = boto3.client("s3", region_name="us-east-1")
+        s3.create_bucket(Bucket=BUCKET)
+        for name, body in FILES.items():
+            s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{name}", Body=body)
+        s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/hash", Body=b"snapshot-1\n")
+        s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/.staged", Body=b"x")
+        boto3.setup_default_session(region_name="us-east-1")
+        assert boto3.DEFAULT_SESSION is not None
+
+        def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+            calls.append((model.name, params.get("Key") or params.get("Prefix", "")))
+
+        boto3.DEFAULT_SESSION.events.register("provide-client-params.s3.*", record)
+        yield calls
+
+
+def _weights_read(calls: list[tuple[str, str]]) -> list[str]:
+    return [key for op, key in calls if op in ("GetObject", "HeadObject") and not key.endswith("/hash")]
+
+
+def test_a_node_fills_once_and_a_restart_reads_no_weights(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
+    folder = tmp_path / "weights" / "Qwen--Qwen3.5-9B" / "main"
+    line = cache.fill(SOURCE, folder)
+    assert line.startswith(f"node cache: filled {folder} with snapshot snapshot-1 from {SOURCE}: 4 files")
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != cache.COMPLETE} == FILES
+    assert json.loads((folder / cache.COMPLETE).read_text())["snapshot"] == "snapshot-1"
+    assert sorted(_weights_read(s3_calls)) != []
+    s3_calls.clear()
+    again = cache.fill(SOURCE, folder)
+    assert again == f"node cache: {folder} holds snapshot snapshot-1, no weights read from S3"
+    assert _weights_read(s3_calls) == [] and s3_calls == [("GetObject", f"{PREFIX}/hash")]
+    # verify reads these two lines out of a worker's log (its cold-start split).
+    patterns = verify._COLD_START_LINES
+    assert patterns["filled"][0].search(line) and patterns["reused"][0].search(again)
+
+
+def test_a_new_snapshot_refills_and_two_revisions_are_kept(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
+    model = tmp_path / "weights" / "Qwen--Qwen3.5-9B"
+    s3 = boto3.client("s3")
+    for revision in ("r1", "r2", "r3"):
+        for name, body in FILES.items():
+            s3.put_object(Bucket=BUCKET, Key=f"models/x/{revision}/{name}", Body=body)
+        s3.put_object(Bucket=BUCKET, Key=f"models/x/{revision}/hash", Body=revision.encode())
+        cache.fill(f"s3://{BUCKET}/models/x/{revision}", model / revision)
+    assert sorted(p.name for p in model.iterdir() if p.is_dir()) == ["r2", "r3"]
+    # The same revision re-staged with another snapshot: filled again, in place.
+    s3.put_object(Bucket=BUCKET, Key="models/x/r3/hash", Body=b"r3-again")
+    assert "filled" in cache.fill(f"s3://{BUCKET}/models/x/r3", model / "r3")
+    assert cache.complete_snapshot(model / "r3") == "r3-again"
+
+
+def test_s3_unreachable_serves_a_complete_copy_and_refuses_without_one(
+    tmp_path: Path, s3_calls: list[tuple[str, str]]
+) -> None:
+    folder = tmp_path / "main"
+    cache.fill(SOURCE, folder)
+    s3 = boto3.client("s3")
+    s3.delete_object(Bucket=BUCKET, Key=f"{PREFIX}/hash")
+    assert "serves snapshot snapshot-1 (S3 unreachable" in cache.fill(SOURCE, folder)
+    with pytest.raises(cache.NodeCacheError, match="holds no copy"):
+        cache.fill(SOURCE, tmp_path / "other")
+
+
+def test_a_full_disk_is_refused_before_anything_is_written(
+    tmp_path: Path, s3_calls: list[tuple[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("shutil.disk_usage", lambda _: type("U", (), {"total": 100_000, "free": 50_000})())
+    with pytest.raises(cache.NodeCacheError, match=r"10% must stay free; give the GPU nodes a type"):
+        cache.fill(SOURCE, tmp_path / "main")
+    assert [p.name for p in tmp_path.iterdir()] == ["main.lock"]
+    assert _weights_read(s3_calls) == []
+
+
+def test_replicas_starting_together_fill_once(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
+    folder = tmp_path / "main"
+    lines: list[str] = []
+    threads = [threading.Thread(target=lambda: lines.append(cache.fill(SOURCE, folder))) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sum("filled" in line for line in lines) == 1
+    assert sum("no weights read from S3" in line for line in lines) == 2
+    assert len([k for k in _weights_read(s3_calls) if k.endswith(".safetensors")]) >= 2  # one fill's reads
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["main", "main.lock"]
+
+
+def test_the_callback_names_what_the_serve_config_imports() -> None:
+    from eks_pd_serving.weights import node_cache
+
+    assert node_cache.callback_class() == f"{node_cache.MODULE}:{cache.NodeWeights.__name__}"
+    assert cache.split(SOURCE) == (BUCKET, PREFIX + "/")
