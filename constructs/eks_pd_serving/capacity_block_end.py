@@ -84,7 +84,6 @@ class CapacityBlockEnd(Construct):
         topic: sns.ITopic | None = None,
     ) -> None:
         super().__init__(scope, id)
-        stack = Stack.of(self)
         if Token.is_unresolved(cluster_name):
             raise ConstructError(
                 self,
@@ -111,6 +110,22 @@ class CapacityBlockEnd(Construct):
             ),
         )
         self.function.grant_invoke(self.invoker)
+        self._failure_path(cluster_name, topic)
+        names, nodegroup_arns = self._permissions(cluster_name, groups, topic)
+        self._schedules(cluster_name, groups, names, capacity_check, topic)
+        acknowledgments = nag.capacity_block_end(
+            self.function,
+            self.invoker,
+            [nag.token_names(self, arn) for arn in nodegroup_arns],
+            encrypted_topic=topic is not None,
+            failed=self.failed,
+        )
+        for construct, findings in acknowledgments.items():
+            nag.acknowledge(construct, findings)
+
+    def _failure_path(self, cluster_name: str, topic: sns.ITopic | None) -> None:
+        """Where a failed run goes (a queue: the function's on-failure destination and each
+        schedule's dead-letter queue) and the two alarms that say so."""
         # Failed events, kept 14 days (SQS's longest) for a look and a redrive. Encrypted with SQS's
         # AWS managed KMS key: the senders are IAM roles of this account (the function's, the
         # Scheduler role), which that key's policy admits; no key of the stack to manage.
@@ -157,10 +172,17 @@ class CapacityBlockEnd(Construct):
         if topic is not None:
             for alarm in self.alarms:
                 alarm.add_alarm_action(cw_actions.SnsAction(topic))
+
+    def _permissions(
+        self, cluster_name: str, groups: Sequence[CapacityBlockGroup], topic: sns.ITopic | None
+    ) -> tuple[dict[tuple[str, str], str], list[str]]:
+        """The function's calls (the block, the node groups, its own schedules, the topic);
+        returns the schedules' names and the node groups' ARNs."""
         # DescribeCapacityReservations has no resource-level permissions.
         self.function.add_to_role_policy(
             iam.PolicyStatement(actions=["ec2:DescribeCapacityReservations"], resources=["*"])
         )
+        stack = Stack.of(self)
         nodegroup_arns = [
             stack.format_arn(service="eks", resource="nodegroup", resource_name=f"{cluster_name}/{g.nodegroup_name}/*")
             for g in groups
@@ -189,6 +211,18 @@ class CapacityBlockEnd(Construct):
         self.invoker.grant_pass_role(self.function.role)
         if topic is not None:
             topic.grant_publish(self.function)
+        return names, nodegroup_arns
+
+    def _schedules(
+        self,
+        cluster_name: str,
+        groups: Sequence[CapacityBlockGroup],
+        names: dict[tuple[str, str], str],
+        capacity_check: GpuCapacityCheck,
+        topic: sns.ITopic | None,
+    ) -> None:
+        """Each group's warning and scale-down, one-time schedules at the times the check read."""
+        stack = Stack.of(self)
         self.schedules: dict[tuple[str, str], scheduler.CfnSchedule] = {}
         for group in groups:
             for action, at in (
@@ -225,12 +259,3 @@ class CapacityBlockEnd(Construct):
                         ),
                     ),
                 )
-        acknowledgments = nag.capacity_block_end(
-            self.function,
-            self.invoker,
-            [nag.token_names(self, arn) for arn in nodegroup_arns],
-            encrypted_topic=topic is not None,
-            failed=self.failed,
-        )
-        for construct, findings in acknowledgments.items():
-            nag.acknowledge(construct, findings)

@@ -133,6 +133,11 @@ class EksCluster(Construct):
             # reach the API while the stack is destroyed (nothing else depends on the rule).
             self.cluster.kubectl_provider.node.add_dependency(api_from_kubectl)
 
+        self._system_nodes(props)
+        self._admin_access(props)
+
+    def _system_nodes(self, props: EksClusterProps) -> None:
+        """The add-ons nodes need, the system node group (its launch template) and CoreDNS on it."""
         node_addons = [
             eks.Addon(
                 self,
@@ -163,7 +168,7 @@ class EksCluster(Construct):
             desired_size=props.system_node_count,
             max_size=props.system_node_count,
             labels=SYSTEM_NODE_LABELS,
-            subnets=private,
+            subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
         )
         nag.acknowledge(self.system_nodes.role, nag.NODE_ROLE)
         for addon in node_addons:
@@ -173,6 +178,8 @@ class EksCluster(Construct):
         self.core_dns = eks.Addon(self, "CoreDns", cluster=self.handle, addon_name="coredns")
         self.core_dns.node.add_dependency(self.system_nodes)
 
+    def _admin_access(self, props: EksClusterProps) -> None:
+        """Cluster admin for the named role, or for a role of the stack's the account may assume."""
         # A person must reach the cluster after the first deploy: the named role, or a role of
         # the stack's that this account's principals may assume (their IAM permissions decide).
         self.admin_role: iam.Role | None = None

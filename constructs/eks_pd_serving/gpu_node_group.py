@@ -68,53 +68,9 @@ class EfaGpuNodeGroup(Construct):
         self.security_group.add_ingress_rule(
             self.security_group, ec2.Port.all_traffic(), "EFA and NCCL between GPU nodes"
         )
-        L = ec2.CfnLaunchTemplate
         self.capacity = capacity
         self.placement_group: ec2.CfnPlacementGroup | None = None
-        placement = None
-        if not capacity.reserved:
-            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
-            placement = L.PlacementProperty(group_name=self.placement_group.ref)
-        reservation = None
-        if capacity.reserved:
-            target = (
-                L.CapacityReservationTargetProperty(capacity_reservation_resource_group_arn=capacity.target)
-                if capacity.kind == "odcr-group"
-                else L.CapacityReservationTargetProperty(capacity_reservation_id=capacity.target)
-            )
-            reservation = L.CapacityReservationSpecificationProperty(capacity_reservation_target=target)
-        # EC2's launch template for a Capacity Block (the EKS guide's "Capacity Blocks for ML").
-        market = (
-            L.InstanceMarketOptionsProperty(market_type="capacity-block") if capacity.kind == "capacity-block" else None
-        )
-        groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
-        user_data = launch_template.node_config(fast_image_pull=fast_image_pull, local_storage=local_storage)
-        self.launch_template = L(
-            self,
-            "LaunchTemplate",
-            launch_template_data=L.LaunchTemplateDataProperty(
-                network_interfaces=[
-                    L.NetworkInterfaceProperty(
-                        device_index=interface.device,
-                        network_card_index=interface.network_card,
-                        interface_type=interface.interface_type,
-                        groups=groups,
-                        delete_on_termination=True,
-                    )
-                    for interface in group.instance.network_interfaces
-                ],
-                metadata_options=launch_template.imds_v2(launch_template.GPU_IMDS_HOP_LIMIT),
-                block_device_mappings=[
-                    launch_template.root_volume(
-                        root_volume_gib, launch_template.FAST_PULL_ROOT_THROUGHPUT_MIB_S if fast_image_pull else None
-                    )
-                ],
-                user_data=Fn.base64(user_data) if user_data else None,
-                placement=placement,
-                capacity_reservation_specification=reservation,
-                instance_market_options=market,
-            ),
-        )
+        self.launch_template = self._launch_template(group, cluster, root_volume_gib, fast_image_pull, local_storage)
         self.group = group
         self.nodegroup = cluster.add_nodegroup_capacity(
             group.nodegroup_id,
@@ -143,6 +99,58 @@ class EfaGpuNodeGroup(Construct):
             # time (the EKS API's NodegroupUpdateConfig; aws-cdk-lib exposes no updateStrategy).
             cfn_nodegroup.add_property_override("UpdateConfig", RESERVED_UPDATE_CONFIG)
         nag.acknowledge(self.nodegroup.role, nag.NODE_ROLE)
+
+    def _launch_template(
+        self, group: GpuGroup, cluster: eks.Cluster, root_volume_gib: int, fast_image_pull: bool, local_storage: bool
+    ) -> ec2.CfnLaunchTemplate:
+        """Every EFA interface of the type, IMDSv2, the root volume, the placement (a cluster
+        placement group, or the reservation's), the market and nodeadm's configuration."""
+        L = ec2.CfnLaunchTemplate
+        capacity = self.capacity
+        placement = None
+        if not capacity.reserved:
+            self.placement_group = ec2.CfnPlacementGroup(self, "PlacementGroup", strategy="cluster")
+            placement = L.PlacementProperty(group_name=self.placement_group.ref)
+        reservation = None
+        if capacity.reserved:
+            target = (
+                L.CapacityReservationTargetProperty(capacity_reservation_resource_group_arn=capacity.target)
+                if capacity.kind == "odcr-group"
+                else L.CapacityReservationTargetProperty(capacity_reservation_id=capacity.target)
+            )
+            reservation = L.CapacityReservationSpecificationProperty(capacity_reservation_target=target)
+        # EC2's launch template for a Capacity Block (the EKS guide's "Capacity Blocks for ML").
+        market = (
+            L.InstanceMarketOptionsProperty(market_type="capacity-block") if capacity.kind == "capacity-block" else None
+        )
+        groups = [self.security_group.security_group_id, cluster.cluster_security_group_id]
+        user_data = launch_template.node_config(fast_image_pull=fast_image_pull, local_storage=local_storage)
+        return L(
+            self,
+            "LaunchTemplate",
+            launch_template_data=L.LaunchTemplateDataProperty(
+                network_interfaces=[
+                    L.NetworkInterfaceProperty(
+                        device_index=interface.device,
+                        network_card_index=interface.network_card,
+                        interface_type=interface.interface_type,
+                        groups=groups,
+                        delete_on_termination=True,
+                    )
+                    for interface in group.instance.network_interfaces
+                ],
+                metadata_options=launch_template.imds_v2(launch_template.GPU_IMDS_HOP_LIMIT),
+                block_device_mappings=[
+                    launch_template.root_volume(
+                        root_volume_gib, launch_template.FAST_PULL_ROOT_THROUGHPUT_MIB_S if fast_image_pull else None
+                    )
+                ],
+                user_data=Fn.base64(user_data) if user_data else None,
+                placement=placement,
+                capacity_reservation_specification=reservation,
+                instance_market_options=market,
+            ),
+        )
 
 
 # How a node group bought from a reservation rolls (AWS::EKS::Nodegroup UpdateConfig).

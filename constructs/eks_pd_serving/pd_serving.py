@@ -54,6 +54,17 @@ class PdServing(Construct):
         self.region = plan.region
         self._refuse_duplicate_cluster_name()
         self._refuse_other_region()
+        self._cluster_and_nodes(plan, vpc)
+        self._operators(plan)
+        self._serving(plan, config)
+        self._observe(plan)
+        self._end_capacity_blocks(plan)
+        self._expose(config)
+        # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
+        self.log_groups.adopt_lambda_logs(self)
+
+    def _cluster_and_nodes(self, plan: mapping.DeploymentPlan, vpc: ec2.IVpc | None) -> None:
+        """The network, the log groups, the capacity check, the cluster and the GPU node groups."""
         self.network = Network(
             self,
             "Network",
@@ -77,7 +88,6 @@ class PdServing(Construct):
         for warning in plan.warnings:
             Annotations.of(self.eks).add_warning_v2("eks-pd-serving:config", warning)
         self.eks.cluster.node.add_dependency(self.capacity_check)
-        cluster = self.eks.handle
         self.gpu_node_groups = [
             EfaGpuNodeGroup(
                 self,
@@ -94,15 +104,17 @@ class PdServing(Construct):
             for group in plan.gpu_node_groups
         ]
         self.gpu_nodes = self.gpu_node_groups[0]
-        gpu_nodegroups = [group.nodegroup for group in self.gpu_node_groups]
-        for nodegroup in gpu_nodegroups:
+        self.gpu_nodegroups = [group.nodegroup for group in self.gpu_node_groups]
+        for nodegroup in self.gpu_nodegroups:
             for addon in self.eks.node_addons:
                 nodegroup.node.add_dependency(addon)
 
+    def _operators(self, plan: mapping.DeploymentPlan) -> None:
+        """What runs before the Ray cluster: KubeRay, the device plugins, the Cluster Autoscaler."""
         self.kuberay = KubeRayOperator(self, "KubeRay", cluster=self.eks.handle)
         self.kuberay.node.add_dependency(self.eks.system_nodes)
         self.device_plugins = GpuDevicePlugins(self, "DevicePlugins", cluster=self.eks.handle)
-        for nodegroup in gpu_nodegroups:
+        for nodegroup in self.gpu_nodegroups:
             self.device_plugins.node.add_dependency(nodegroup)
 
         # Autoscaling: the Cluster Autoscaler runs before the Ray cluster asks for nodes, and is
@@ -112,11 +124,14 @@ class PdServing(Construct):
             self.cluster_autoscaler = ClusterAutoscaler(
                 self,
                 "ClusterAutoscaler",
-                cluster=cluster,
+                cluster=self.eks.handle,
                 kubernetes_version=plan.autoscaler_kubernetes_version,
                 region=self.region,
             )
             self.cluster_autoscaler.chart.node.add_dependency(self.eks.system_nodes)
+
+    def _serving(self, plan: mapping.DeploymentPlan, config: DeploymentConfig) -> None:
+        """The weights, the API keys, the GCS store, the Ray pods' identities and the RayService."""
         weights = self._stage_weights(plan.weights)
         self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=plan.api_keys_secret_arn) if plan.api_keys else None
         self.gcs_store = self._gcs_store(plan.gcs_store)
@@ -133,12 +148,12 @@ class PdServing(Construct):
                 if self.gcs_store
                 else None,
             ),
-            cluster=cluster,
+            cluster=self.eks.handle,
             depends_on=[
                 self.kuberay,
                 self.device_plugins,
                 self.eks.system_nodes,
-                *gpu_nodegroups,
+                *self.gpu_nodegroups,
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
                 # The engines start once the weights are staged, with their identities in place.
                 *([weights.resource] if weights else []),
@@ -148,11 +163,6 @@ class PdServing(Construct):
             rollout_deadline_s=plan.rollout_deadline_s,
             serve_step_s=plan.serve_step_s,
         )
-        self._observe(plan)
-        self._end_capacity_blocks(plan)
-        self._expose(config)
-        # Last: aws-cdk-lib's own provider Lambdas exist only once their users do.
-        self.log_groups.adopt_lambda_logs(self)
 
     def _stage_weights(self, plan: mapping.WeightsPlan | None) -> ModelWeights | None:
         """With ``weights_source=s3``: the bucket and the staging job the deploy waits for."""

@@ -100,8 +100,6 @@ class ServingDashboard(Construct):
         api_keys: bool = False,
     ) -> None:
         super().__init__(scope, id)
-        by_name = {metric.name: metric for metric in om.RAY_METRICS}
-
         kv = kv_path_alarms(
             self,
             cluster_name=cluster_name,
@@ -114,7 +112,13 @@ class ServingDashboard(Construct):
         self.alarms = kv.alarms
         self.topic = kv.topic
 
-        # --- dashboard ----------------------------------------------------------------------
+        self.dashboard = self._dashboard(cluster_name, nat_gateway_ids)
+
+    def _dashboard(self, cluster_name: str, nat_gateway_ids: Sequence[str]) -> cw.Dashboard:
+        """The serving dashboard: requests per deployment and by path, tokens, GPU, EFA, NAT, the
+        alarms, and the PromQL queries for the histograms."""
+        by_name = {metric.name: metric for metric in om.RAY_METRICS}
+
         def graph(title: str, metrics: list[cw.IMetric], unit: str = "") -> cw.GraphWidget:
             return cw.GraphWidget(
                 title=title,
@@ -154,7 +158,7 @@ class ServingDashboard(Construct):
             "transfers per phase are OpenTelemetry histograms, queried with PromQL: the queries at the "
             "bottom run in CloudWatch Query Studio (README, Observability)."
         )
-        self.dashboard = cw.Dashboard(
+        return cw.Dashboard(
             self,
             "Resource",
             dashboard_name=f"{cluster_name}-pd-serving",
