@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -219,6 +220,36 @@ def test_the_layout_check_sees_a_new_module_and_one_without_a_docstring(tmp_path
     (package / "three.py").write_text("x = 1\n")
     with pytest.raises(ValueError, match=r"three\.py has no docstring"):
         layout_tree.render(page, package)
+
+
+def undocumented_members(package: Path) -> list[str]:
+    """Each folder below ``package`` whose ``__init__`` docstring does not name one of its modules or
+    subfolders (the root's are the layout page's generated table)."""
+    found = []
+    for init in sorted(package.rglob("__init__.py")):
+        folder = init.parent
+        if folder == package or "__pycache__" in folder.parts:
+            continue
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        members = [p.stem for p in folder.glob("*.py") if p.name != "__init__.py"]
+        members += [p.name for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        found += [f"{folder.relative_to(package)}/{m}" for m in sorted(members) if not re.search(rf"\b{m}\b", doc)]
+    return found
+
+
+def test_every_folders_docstring_names_what_the_folder_holds() -> None:
+    assert undocumented_members(ROOT / "constructs" / "eks_pd_serving") == []
+
+
+def test_the_folder_check_sees_an_unnamed_module_and_subfolder(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "room" / "inner").mkdir(parents=True)
+    (package / "__init__.py").write_text('"""The root: exempt."""\n')
+    (package / "room" / "__init__.py").write_text('"""Holds ``named``."""\n')
+    (package / "room" / "named.py").write_text("")
+    (package / "room" / "forgotten.py").write_text("")
+    (package / "room" / "inner" / "__init__.py").write_text('"""Inner."""\n')
+    assert undocumented_members(package) == ["room/forgotten", "room/inner"]
 
 
 def test_the_readme_is_a_front_door() -> None:

@@ -1,4 +1,6 @@
-"""Command-line tool: know before you deploy, prove after.
+"""Command-line tool: know before you deploy, prove after. One module a command: ``preflight``,
+``sizing_cmd`` (sizing), ``cost``, ``verify``, ``k8s_diff`` (k8s-diff), ``impact``; ``_common`` holds
+the settings arguments and the tables they print.
 
 Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff,
 impact: something changed), 2 bad usage or configuration.

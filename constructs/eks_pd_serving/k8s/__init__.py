@@ -1,5 +1,7 @@
 """cdk8s charts that take plain typed props and know nothing of CloudFormation or of the features
-(the pods' programs arrive as data)."""
+(the pods' programs arrive as data): the props (``specs``), the serve config (``serve_config``), the
+RayService and its namespace (``ray_service``), the rollout Jobs (``rollout``), the network policies
+and endpoint Service (``network``) and the names ``verify`` looks for (``names``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Observability (``observability=true``): the metric and log catalogue, the PromQL, the add-on's
-configuration (CDK-free, re-exported here), and the constructs: the add-on (``addon``), the
-dashboard (``dashboard``) and its alarms (``alarms``), imported from their modules."""
+"""Observability (``observability=true``): the metric and log catalogue, the PromQL (``promql``), the
+add-on's configuration (``agent``: CDK-free, re-exported here), and the constructs: the add-on
+(``addon``), the dashboard (``dashboard``) and its alarms (``alarms``), imported from their modules."""
 
 from __future__ import annotations
 

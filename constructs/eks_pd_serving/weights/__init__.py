@@ -1,6 +1,7 @@
-"""The model's weights: staged in the stack's S3 bucket (``model_weights``, weights_source=s3) and
-kept on each GPU node (``node_cache``: pod-side code and how it ships, no CloudFormation). Imported
-lazily, so the node cache's face needs no CDK."""
+"""The model's weights: staged in the stack's S3 bucket (``model_weights``, weights_source=s3: the
+staging job's script ``job`` and the custom resource's ``handler``) and kept on each GPU node
+(``node_cache``: pod-side code and how it ships, no CloudFormation). Imported lazily, so the node
+cache's face needs no CDK."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Serve proxy's API key check (pod-side code) and how it is shipped: the module's source goes
-into a ConfigMap mounted on every Ray pod, on the pods' PYTHONPATH."""
+"""The Serve proxy's API key check (``eks_pd_api_keys``, pod-side code) and how it is shipped: the
+module's source goes into a ConfigMap mounted on every Ray pod, on the pods' PYTHONPATH."""
 
 from __future__ import annotations
 

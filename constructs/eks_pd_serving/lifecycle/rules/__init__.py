@@ -1,7 +1,8 @@
 """Lifecycle rules: small named functions over ``StackModel``, each returning what is wrong as
-findings that name the rule, the resource and the missing edge (or fact). Template rules take one
-model; update rules take the templates before and after a setting flips, and
-``named_log_groups_preflighted`` the names preflight checks."""
+findings (``finding``) that name the rule, the resource and the missing edge (or fact). By subject:
+``capacity``, ``destroy``, ``network``, ``placement``, ``reservations``; update rules (``updates``)
+take the templates before and after a setting flips, and ``named_log_groups_preflighted`` the names
+preflight checks."""
 
 from __future__ import annotations
 
