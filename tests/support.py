@@ -8,8 +8,10 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +286,47 @@ def capacity_properties(az: str = "us-east-1a", **groups: tuple[str, int]) -> di
         "GpuAvailabilityZone": az,
         "Groups": [{"Name": n, "InstanceType": t, "NodeCount": str(c)} for n, (t, c) in groups.items()],
     }
+
+
+# --- a JSON API for the rollout programs' tests (the Kubernetes API's shape, no cluster) ----------
+class FakeApiHandler(BaseHTTPRequestHandler):
+    """Reads each request's JSON body and hands it to ``handle_request``, which answers with
+    ``answer``; the rollout Jobs' tests say what their API does there."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def answer(self, body: Any, code: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def handle_request(self, method: str, body: Any) -> None:
+        raise NotImplementedError
+
+    def _dispatch(self, method: str) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.handle_request(method, json.loads(self.rfile.read(length)) if length else None)
+
+    def do_GET(self) -> None:
+        self._dispatch("GET")
+
+    def do_PATCH(self) -> None:
+        self._dispatch("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+
+@contextlib.contextmanager
+def fake_api(handler: type[FakeApiHandler]) -> Iterator[str]:
+    """``handler`` served on a free local port for the block; its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()

@@ -979,7 +979,7 @@ def test_verify_splits_a_workers_cold_start_into_its_parts() -> None:
         "in 1m2.481s (1m2.481s including waiting). Image size: 21474836480 bytes.",
     )  # fmt: skip
     log = (FIXTURES / "worker-cold-start.log").read_text()
-    first_start = log.split("INFO 2026-12-06 11:40")[0]
+    first_start = log.split("(initialize_remote_node pid=20388)")[0]
     check = verify.cold_start_split(pod, [pulled], first_start)
     assert check.passed and check.detail == (
         "scheduled to started 74 s; image pulled in 1m2.481s; weights from S3 to the node: 17.70 GiB in 84.2 s; "

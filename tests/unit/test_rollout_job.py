@@ -6,16 +6,15 @@ against that API over HTTP; what KubeRay and the cluster do is this emulation's,
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import FakeApiHandler, fake_api
 
 from eks_pd_serving import rollout
 
@@ -92,22 +91,9 @@ class Cluster:
 def api() -> Iterator[tuple[str, list[Cluster]]]:
     state: list[Cluster] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _answer(self, body: Any, code: int = 200) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _handle(self, method: str) -> None:
+    class Handler(FakeApiHandler):
+        def handle_request(self, method: str, body: Any) -> None:
             (world,) = state
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
             assert self.headers["Authorization"] == "Bearer test-token"
             with world.lock:
                 if world.failures:
@@ -116,44 +102,32 @@ def api() -> Iterator[tuple[str, list[Cluster]]]:
                         self.close_connection = True
                         self.connection.shutdown(2)
                         return None
-                    return self._answer({"message": "try again"}, int(failure))
+                    return self.answer({"message": "try again"}, int(failure))
                 world.calls.append((method, self.path, body))
                 base = f"/apis/ray.io/v1/namespaces/{NS}"
                 if method == "GET" and self.path.startswith(f"{base}/rayclusters?labelSelector="):
                     assert "ray.io%2Foriginated-from-cr-name%3Dray-llm" in self.path
-                    return self._answer({"items": list(world.clusters.values())})
+                    return self.answer({"items": list(world.clusters.values())})
                 if method == "GET" and self.path == f"{base}/rayservices/{NAME}":
-                    return self._answer(world.service())
+                    return self.answer(world.service())
                 if method == "DELETE" and self.path.startswith(f"{base}/rayclusters/"):
                     world.clusters.pop(self.path.rsplit("/", 1)[1])
-                    return self._answer({})
+                    return self.answer({})
                 if method == "PATCH" and self.path.startswith(f"/apis/batch/v1/namespaces/{NS}/jobs/"):
                     assert self.headers["Content-Type"] == "application/merge-patch+json"
                     world.job_marks.update((body or {})["metadata"]["annotations"])
-                    return self._answer({})
+                    return self.answer({})
                 if method == "PATCH" and self.path.startswith(f"{base}/rayclusters/"):
                     assert self.headers["Content-Type"] == "application/json-patch+json"
                     target = world.clusters[self.path.rsplit("/", 1)[1]]
                     for op in body or []:
                         _, _, _, index, field = op["path"].split("/")
                         target["spec"]["workerGroupSpecs"][int(index)][field] = op["value"]
-                    return self._answer(target)
-            self._answer({"message": "not found"}, 404)
+                    return self.answer(target)
+            self.answer({"message": "not found"}, 404)
 
-        def do_GET(self) -> None:
-            self._handle("GET")
-
-        def do_DELETE(self) -> None:
-            self._handle("DELETE")
-
-        def do_PATCH(self) -> None:
-            self._handle("PATCH")
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}", state
-    server.shutdown()
+    with fake_api(Handler) as base:
+        yield base, state
 
 
 def run(

@@ -8,18 +8,16 @@ subprocess), over HTTP; what KubeRay and Serve do is this emulation's, not run."
 from __future__ import annotations
 
 import copy
-import json
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support import ray_service
+from support import FakeApiHandler, fake_api, ray_service
 
 from eks_pd_serving import rollout
 from eks_pd_serving.k8s import serve_config as layout
@@ -85,45 +83,24 @@ class Service:
 def api() -> Iterator[tuple[str, list[Service | None]]]:
     state: list[Service | None] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args: Any) -> None:
-            pass
-
-        def _answer(self, body: Any, code: int = 200) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def _handle(self, method: str) -> None:
+    class Handler(FakeApiHandler):
+        def handle_request(self, method: str, body: Any) -> None:
             (service,) = state
-            length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length)) if length else None
             path = f"/apis/ray.io/v1/namespaces/{NS}/rayservices/{NAME}"
             if self.path.startswith(f"/apis/batch/v1/namespaces/{NS}/jobs/"):
-                return self._answer({})
+                return self.answer({})
             if service is None or self.path != path:
-                return self._answer({"message": "not found"}, 404)
+                return self.answer({"message": "not found"}, 404)
             with service.lock:
                 if method == "PATCH":
                     assert self.headers["Content-Type"] == "application/merge-patch+json" and body is not None
                     service.text = body["spec"]["serveConfigV2"]
                     service.generation += 1
                     service.patches.append(service.text)
-                return self._answer(service.read())
+                return self.answer(service.read())
 
-        def do_GET(self) -> None:
-            self._handle("GET")
-
-        def do_PATCH(self) -> None:
-            self._handle("PATCH")
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}", state
-    server.shutdown()
+    with fake_api(Handler) as base:
+        yield base, state
 
 
 def run(base: str, target: dict[str, Any], step_s: float = 10) -> subprocess.CompletedProcess[str]:

@@ -378,7 +378,6 @@ def check_efa_traffic(
     """Bytes the cluster's EFA devices received in the minutes from ``sent`` (Container Insights,
     dimension ClusterName, one-minute sums). Passes once a minute at or after ``sent`` shows
     bytes; fails when those minutes arrived and all show none, or none arrived in ``wait_s``."""
-    start = sent.replace(second=0, microsecond=0)
     query = {
         "Id": "efa",
         "MetricStat": {
@@ -391,11 +390,9 @@ def check_efa_traffic(
             "Stat": "Sum",
         },
     }
-    waited = 0.0
-    while True:
-        end = start + datetime.timedelta(minutes=5)
-        result = cloudwatch.get_metric_data(MetricDataQueries=[query], StartTime=start, EndTime=end)
-        (series,) = result["MetricDataResults"]
+
+    def judge(results: list[dict[str, Any]]) -> Check | None:
+        (series,) = results
         received = sum(series["Values"])
         if received > 0:
             return Check("KV over EFA", True, f"{received:,.0f} bytes received on EFA since the test request")
@@ -406,15 +403,9 @@ def check_efa_traffic(
                 f"{EFA_RX_BYTES} stayed at 0 for {len(series['Values'])} minutes after the test request: the KV "
                 "cache did not cross EFA. " + UCX_FIX.split(". ", 1)[1],
             )
-        if waited >= wait_s:
-            return Check(
-                "KV over EFA",
-                False,
-                f"no {EFA_RX_BYTES} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
-                "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
-            )
-        sleep(15.0)
-        waited += 15.0
+        return None
+
+    return _poll(cloudwatch, [query], sent, wait_s, sleep, judge, ("KV over EFA", EFA_RX_BYTES, cluster_name))
 
 
 # The failover's paths (fault_tolerance/failover: PATHS): served by the pair, or by one engine.
@@ -436,7 +427,6 @@ def check_served_paths(
     """Requests by the path that served them in the minutes from ``sent`` (the failover's counter,
     one-minute sums, dimensions ClusterName and path). Passes once the pair served and no request
     fell back; fails on any fallback, or when no count arrived in ``wait_s``."""
-    start = sent.replace(second=0, microsecond=0)
     paths = (*PAIR_PATHS, *FALLBACK_PATHS)
     queries = [
         {
@@ -454,11 +444,9 @@ def check_served_paths(
         }
         for index, path in enumerate(paths)
     ]
-    waited = 0.0
-    while True:
-        end = start + datetime.timedelta(minutes=5)
-        result = cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
-        counts = {r["Label"]: sum(r["Values"]) for r in result["MetricDataResults"]}
+
+    def judge(results: list[dict[str, Any]]) -> Check | None:
+        counts = {r["Label"]: sum(r["Values"]) for r in results}
         fallen = {path: counts.get(path, 0.0) for path in FALLBACK_PATHS if counts.get(path, 0.0) > 0}
         if fallen:
             detail = "; ".join(f"{path} {n:.0f} ({FALLBACK_PATHS[path]})" for path, n in fallen.items())
@@ -476,11 +464,39 @@ def check_served_paths(
                 True,
                 ", ".join(f"{path} {n:.0f}" for path, n in served.items()) + " since the test request",
             )
+        return None
+
+    return _poll(
+        cloudwatch, queries, sent, wait_s, sleep, judge, ("served by the pair", om.REQUESTS_BY_PATH, cluster_name)
+    )
+
+
+def _poll(
+    cloudwatch: Any,
+    queries: list[dict[str, Any]],
+    sent: datetime.datetime,
+    wait_s: float,
+    sleep: Callable[[float], None],
+    judge: Callable[[list[dict[str, Any]]], Check | None],
+    subject: tuple[str, str, str],
+) -> Check:
+    """``queries``' one-minute sums from ``sent``'s minute, read every 15 s until ``judge`` decides
+    or ``wait_s`` passed with none; ``subject``: the check's name, the metric and the cluster."""
+    name, metric, cluster_name = subject
+    start = sent.replace(second=0, microsecond=0)
+    waited = 0.0
+    while True:
+        end = start + datetime.timedelta(minutes=5)
+        found = judge(
+            cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)["MetricDataResults"]
+        )
+        if found is not None:
+            return found
         if waited >= wait_s:
             return Check(
-                "served by the pair",
+                name,
                 False,
-                f"no {om.REQUESTS_BY_PATH} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
+                f"no {metric} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
                 "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
             )
         sleep(15.0)

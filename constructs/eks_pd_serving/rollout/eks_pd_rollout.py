@@ -184,6 +184,47 @@ def serving(service: dict[str, Any], clusters: list[dict[str, Any]], digest: str
     return True, str(active)
 
 
+class Progress:
+    """What the deploy's waits read on the Job (``job``'s own annotations): started, each window of
+    the deadline passed, done; and a failure's line, also the pod's termination message."""
+
+    def __init__(self, api: Api, namespace: str, job: str, deadline_s: float, window_s: float | None) -> None:
+        self.api, self.path, self.job = api, f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}", job
+        self.window_s = window_s or deadline_s
+        self.windows = max(1, math.ceil(deadline_s / self.window_s))
+        self.started = time.monotonic()
+        self.marked = 0
+
+    def mark(self, annotations: dict[str, str]) -> None:
+        if self.job and annotations:
+            self.api.call(
+                "PATCH", self.path, {"metadata": {"annotations": annotations}}, "application/merge-patch+json"
+            )
+
+    def start(self) -> None:
+        self.mark({STARTED: "true"})
+
+    def tick(self) -> None:
+        """Mark each window that has passed since the start (never the last: ``done`` or a failure ends it)."""
+        passed = min(self.windows - 1, int((time.monotonic() - self.started) // self.window_s))
+        if passed > self.marked:
+            self.mark({f"{WINDOW}{k}": "passed" for k in range(self.marked + 1, passed + 1)})
+            self.marked = passed
+
+    def done(self) -> None:
+        self.mark({f"{WINDOW}{k}": "done" for k in range(1, self.windows)})
+
+    @staticmethod
+    def failed(line: str) -> int:
+        print(line, file=sys.stderr, flush=True)
+        try:
+            with open(TERMINATION_LOG, "w") as log:
+                log.write(line)
+        except OSError:
+            pass
+        return 1
+
+
 def converge(
     api: Api,
     namespace: str,
@@ -198,21 +239,9 @@ def converge(
     base = f"/apis/ray.io/v1/namespaces/{namespace}"
     selector = urllib.parse.quote(f"{ORIGIN_LABEL}={name}", safe="")
     bounds = bounds or {}
-    window_s = window_s or deadline_s
-    windows = max(1, math.ceil(deadline_s / window_s))
-
-    def mark(annotations: dict[str, str]) -> None:
-        if job and annotations:
-            api.call("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
-                     {"metadata": {"annotations": annotations}}, "application/merge-patch+json")  # fmt: skip
-
-    def done() -> None:
-        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
-
     api.until = time.monotonic() + deadline_s
-    mark({STARTED: "true"})
-    started = time.monotonic()
-    marked = 0
+    progress = Progress(api, namespace, job, deadline_s, window_s)
+    progress.start()
 
     def clusters() -> list[dict[str, Any]]:
         return list(api.call("GET", f"{base}/rayclusters?labelSelector={selector}").get("items") or [])
@@ -237,7 +266,7 @@ def converge(
             stale = [c for c in found if digest_of(c) != digest]
             if not stale and not deleted:
                 set_bounds(found)
-                done()
+                progress.done()
                 print(f"{NOTHING_LINE}: every RayCluster of {name} has config {digest}", flush=True)
                 return 0
             for cluster in stale:
@@ -257,25 +286,15 @@ def converge(
             ok, why = serving(service, found, digest)
             if ok:
                 set_bounds([c for c in found if digest_of(c) == digest])
-                done()
+                progress.done()
                 print(f"{SERVING_LINE} {why} with config {digest}", flush=True)
                 return 0
         if time.monotonic() >= end:
             break
-        passed = min(windows - 1, int((time.monotonic() - started) // window_s))
-        if passed > marked:
-            mark({f"{WINDOW}{k}": "passed" for k in range(marked + 1, passed + 1)})
-            marked = passed
+        progress.tick()
         print(f"rollout: waiting: {why}", flush=True)
         time.sleep(poll_s)
-    line = f"{FAILED_LINE}: {name} did not serve on config {digest} within {deadline_s:.0f} s: {why}"
-    print(line, file=sys.stderr, flush=True)
-    try:
-        with open(TERMINATION_LOG, "w") as log:
-            log.write(line)
-    except OSError:
-        pass
-    return 1
+    return Progress.failed(f"{FAILED_LINE}: {name} did not serve on config {digest} within {deadline_s:.0f} s: {why}")
 
 
 def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[str, Any]]:
@@ -346,23 +365,15 @@ def roll_serve(
     path = f"/apis/ray.io/v1/namespaces/{namespace}/rayservices/{name}"
     target = load(target_text)
     deadline_s = step_s * max(1, len(target["applications"]))
-    window_s = window_s or deadline_s
-    windows = max(1, math.ceil(deadline_s / window_s))
-
-    def mark(annotations: dict[str, str]) -> None:
-        if job and annotations:
-            api.call("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
-                     {"metadata": {"annotations": annotations}}, "application/merge-patch+json")  # fmt: skip
-
     api.until = time.monotonic() + deadline_s
-    mark({STARTED: "true"})
-    started = time.monotonic()
+    progress = Progress(api, namespace, job, deadline_s, window_s)
+    progress.start()
     try:
         service = api.call("GET", path)
     except urllib.error.HTTPError as error:
         if error.code != 404:
             raise
-        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        progress.done()
         print(f"{NO_SERVICE_LINE}: {name} is created with this config", flush=True)
         return 0
     head = (((service.get("spec") or {}).get("rayClusterConfig") or {}).get("headGroupSpec") or {}).get(
@@ -376,16 +387,15 @@ def roll_serve(
     }
     new_code = sorted(key for key, digest in (code or {}).items() if running.get(key) != digest)
     if new_code:  # the config may need that code, which the pods get with the RayService's manifest
-        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        progress.done()
         print(f"{NEW_CODE_LINE} ({', '.join(new_code)}): the serve config goes with the RayService", flush=True)
         return 0
     current = load((service.get("spec") or {}).get("serveConfigV2") or "") or {}
     steps = rollout_steps(current, target) if current != target else []
     if not steps:
-        mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
+        progress.done()
         print(f"{UNCHANGED_LINE}: {name} serves it already", flush=True)
         return 0
-    marked = 0
     before = {app["name"]: app for app in current.get("applications") or []}
     for number, step in enumerate(steps, 1):
         last = number == len(steps)
@@ -403,23 +413,13 @@ def roll_serve(
             if good >= 2:
                 break
             if time.monotonic() >= end:
-                line = (f"{FAILED_LINE}: step {number}/{len(steps)} ({', '.join(changed)}) of {name} did not serve "
-                        f"within {step_s:.0f} s: {why}")  # fmt: skip
-                print(line, file=sys.stderr, flush=True)
-                try:
-                    with open(TERMINATION_LOG, "w") as log:
-                        log.write(line)
-                except OSError:
-                    pass
-                return 1
-            passed = min(windows - 1, int((time.monotonic() - started) // window_s))
-            if passed > marked:
-                mark({f"{WINDOW}{k}": "passed" for k in range(marked + 1, passed + 1)})
-                marked = passed
+                return Progress.failed(f"{FAILED_LINE}: step {number}/{len(steps)} ({', '.join(changed)}) of {name} "
+                                       f"did not serve within {step_s:.0f} s: {why}")  # fmt: skip
+            progress.tick()
             time.sleep(poll_s)
         before = {app["name"]: app for app in step["applications"]}
-    mark({f"{WINDOW}{k}": "done" for k in range(1, windows)})
-    print(f"{ROLLED_LINE}: {len(steps)} step(s), {time.monotonic() - started:.0f} s", flush=True)
+    progress.done()
+    print(f"{ROLLED_LINE}: {len(steps)} step(s), {time.monotonic() - progress.started:.0f} s", flush=True)
     return 0
 
 

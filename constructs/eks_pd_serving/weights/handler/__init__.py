@@ -1,2 +1,1 @@
 """The staging custom resource's Lambda (``handler``): starts the staging job, reports its end."""
-

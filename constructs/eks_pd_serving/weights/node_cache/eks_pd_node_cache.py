@@ -21,15 +21,13 @@ from __future__ import annotations
 
 import fcntl
 import json
-import logging
 import os
 import shutil
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
-
-logger = logging.getLogger("ray.serve")
 
 # Import path of the callback, as the serve config names it.
 CALLBACK_CLASS = "eks_pd_node_cache:NodeWeights"
@@ -202,4 +200,6 @@ class NodeWeights(CallbackBase):  # type: ignore[misc]
 
     def on_before_download_model_files_distributed(self) -> None:
         folder = Path(self.llm_config.model_loading_config.model_source)
-        logger.info(fill(self.kwargs["source"], folder))
+        # Ray runs this in a task of its own, whose loggers are not Serve's: stderr reaches the pod's
+        # log (RAY_LOG_TO_STDERR), where verify reads it.
+        print(fill(self.kwargs["source"], folder), file=sys.stderr, flush=True)
