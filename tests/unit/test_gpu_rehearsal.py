@@ -23,6 +23,11 @@ FIXTURES = ROOT / "tests" / "fixtures"
 H200 = gpu_profile.GpuHost(gpus=2, total_bytes=int(139.8 * GIB), name="NVIDIA H200")
 
 
+# The engines load the local checkpoint: the node cache's folder and callback go.
+LOCAL_WEIGHTS = ("model_loading_config/model_source", "callback_config/callback_class",
+                 "callback_config/callback_kwargs/source")  # fmt: skip
+
+
 def _changed(deployed: dict[str, Any], rehearsed: dict[str, Any]) -> set[str]:
     """The leaves the profile changed: an engine's as ``<phase>_config/<path>``, the failover's
     settings as ``failover/<key>`` (wherever the config holds them)."""
@@ -68,9 +73,7 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
         f"{side}/{key}"
         for side in gpu_profile.SIDES
         for key in (
-            "model_loading_config/model_source",
-            "callback_config/callback_class",
-            "callback_config/callback_kwargs/source",
+            *LOCAL_WEIGHTS,
             "engine_kwargs/load_format",
             "engine_kwargs/gdn_prefill_backend",
             "engine_kwargs/kv_transfer_config/kv_connector_extra_config/backends",
@@ -89,12 +92,7 @@ def test_an_efa_host_with_flashinfer_keeps_the_deployed_backend_and_kernels(depl
     assert _changed(deployed, rehearsed) == {
         f"{side}/{key}"
         for side in gpu_profile.SIDES
-        for key in (
-            "model_loading_config/model_source",
-            "callback_config/callback_class",
-            "callback_config/callback_kwargs/source",
-            "runtime_env/env_vars/VLLM_DP_MASTER_PORT",
-        )
+        for key in (*LOCAL_WEIGHTS, "runtime_env/env_vars/VLLM_DP_MASTER_PORT")
     } | {"failover/short_prompt_tokens"}
     assert gpu_profile.gpu_env({}, host) == {}
     assert gpu_profile.gpu_env({}, H200) == {"VLLM_USE_FLASHINFER_SAMPLER": "0"}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +27,23 @@ def constant(text: str, file_name: str, name: str) -> Any:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
             return ast.literal_eval(node.value)
     raise LookupError(f"{file_name} defines no {name}")
+
+
+@dataclass(frozen=True)
+class Shipped:
+    """One pod program as its package's face hands it on: ``file_name`` beside ``package_file``
+    (the package's ``__file__``), its text, its digest and its module-level literals."""
+
+    package_file: str
+    file_name: str
+
+    def source(self) -> str:
+        """The module's text, exactly as the pods run it."""
+        return source(self.package_file, self.file_name)
+
+    def digest(self) -> str:
+        """Short digest of the source: a pod annotation, so new code restarts the pods on purpose."""
+        return digest(self.source())
+
+    def constant(self, name: str) -> Any:
+        return constant(self.source(), self.file_name, name)

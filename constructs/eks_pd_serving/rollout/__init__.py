@@ -67,17 +67,12 @@ def windows(deadline: int) -> int:
     return max(1, math.ceil(deadline / WINDOW_S))
 
 
-def source() -> str:
-    return pod_code.source(__file__, FILE_NAME)
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
-def source_digest() -> str:
-    return pod_code.digest(source())
-
-
-@cache
-def _constant(name: str) -> Any:
-    return pod_code.constant(source(), FILE_NAME, name)
+_constant = cache(_CODE.constant)
 
 
 @cache

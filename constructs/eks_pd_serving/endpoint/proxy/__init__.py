@@ -14,14 +14,9 @@ MOUNT_PATH = "/opt/eks-pd/python"
 FILE_NAME = f"{MODULE}.py"
 
 
-def source() -> str:
-    """The module's text, exactly as the pods import it."""
-    return pod_code.source(__file__, FILE_NAME)
-
-
-def source_digest() -> str:
-    """Short digest of the source: a pod annotation, so new code restarts the proxies on purpose."""
-    return pod_code.digest(source())
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
 __all__ = [

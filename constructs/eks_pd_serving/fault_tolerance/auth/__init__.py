@@ -13,13 +13,9 @@ MOUNT_PATH = "/run/eks-pd/gcs-auth"
 ENV_FILE = "auth.env"
 
 
-def source() -> str:
-    """The init container's program, exactly as it runs."""
-    return pod_code.source(__file__, FILE_NAME)
-
-
-def source_digest() -> str:
-    return pod_code.digest(source())
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
 __all__ = ["ENV_FILE", "FIELD", "FILE_ENV", "KEY", "MOUNT_PATH", "SECRET_ENV", "VOLUME", "source", "source_digest"]

@@ -14,24 +14,17 @@ FILE_NAME = f"{MODULE}.py"
 MOUNT_PATH = "/opt/eks-pd/failover"
 
 
-def source() -> str:
-    """The module's text, exactly as the pods import it."""
-    return pod_code.source(__file__, FILE_NAME)
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
-def source_digest() -> str:
-    """Short digest of the source: a pod annotation, so new code restarts the pods on purpose."""
-    return pod_code.digest(source())
-
-
-@cache
-def _constant(name: str) -> object:
-    return pod_code.constant(source(), FILE_NAME, name)
+_constant = cache(_CODE.constant)
 
 
 def import_paths() -> dict[str, str]:
     """Each application's builder by role: prefill, decode, ingress."""
-    return {str(k): str(v) for k, v in _constant("IMPORT_PATHS").items()}  # type: ignore[attr-defined]
+    return {str(k): str(v) for k, v in _constant("IMPORT_PATHS").items()}
 
 
 def args_key() -> str:
@@ -43,11 +36,11 @@ def metric() -> str:
 
 
 def paths() -> tuple[str, ...]:
-    return tuple(str(p) for p in _constant("PATHS"))  # type: ignore[attr-defined]
+    return tuple(str(p) for p in _constant("PATHS"))
 
 
 def cooldown_s() -> float:
-    return float(_constant("COOLDOWN_S"))  # type: ignore[arg-type]
+    return float(_constant("COOLDOWN_S"))
 
 
 __all__ = [

@@ -16,19 +16,12 @@ MOUNT_PATH = "/opt/eks-pd/kv-guard"
 ENGINE_CLS_ENV = "RAYLLM_VLLM_ENGINE_CLS"
 
 
-def source() -> str:
-    """The module's text, exactly as the pods import it."""
-    return pod_code.source(__file__, FILE_NAME)
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
-def source_digest() -> str:
-    """Short digest of the source: a pod annotation, so new code restarts the workers on purpose."""
-    return pod_code.digest(source())
-
-
-@cache
-def _constant(name: str) -> object:
-    return pod_code.constant(source(), FILE_NAME, name)
+_constant = cache(_CODE.constant)
 
 
 def engine_cls() -> str:
@@ -40,7 +33,7 @@ def mode_env() -> str:
 
 
 def modes() -> tuple[str, ...]:
-    return tuple(str(m) for m in _constant("MODES"))  # type: ignore[attr-defined]
+    return tuple(str(m) for m in _constant("MODES"))
 
 
 def lines() -> dict[str, str]:

@@ -21,14 +21,9 @@ HOST_PATH = "/mnt/k8s-disks/0/eks-pd-serving"
 CACHE_PATH = "/var/cache/eks-pd"
 
 
-def source() -> str:
-    """The module's text, exactly as the pods import it."""
-    return pod_code.source(__file__, FILE_NAME)
-
-
-def source_digest() -> str:
-    """Short digest of the source: a pod annotation, so new code restarts the workers on purpose."""
-    return pod_code.digest(source())
+_CODE = pod_code.Shipped(__file__, FILE_NAME)
+source = _CODE.source
+source_digest = _CODE.digest
 
 
 @cache
