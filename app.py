@@ -8,7 +8,7 @@ import sys
 import aws_cdk as cdk
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
-from eks_pd_serving.sizing import what_if_line
+from eks_pd_serving.engine_choices import what_if_line
 from stacks.pd_serving_stack import PdServingStack
 
 STACK_NAME = "RayLlmPdServing"

@@ -98,7 +98,7 @@ class CapacityBlockEnd(Construct):
             handler="block_end.on_schedule",
             code_dir=CODE_DIR,
             timeout=Duration.minutes(1),
-            log_groups=log_groups,
+            log_group=log_groups.group(self, "FunctionLogGroup"),
             outside_vpc_reason=_OUTSIDE_VPC,
         )
         self.invoker = iam.Role(

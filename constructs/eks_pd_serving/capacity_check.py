@@ -56,7 +56,7 @@ class GpuCapacityCheck(Construct):
             handler="handler.on_event",
             code_dir=CODE_DIR,
             timeout=Duration.minutes(2),
-            log_groups=log_groups,
+            log_group=log_groups.group(self, "FunctionLogGroup"),
             outside_vpc_reason=_OUTSIDE_VPC,
         )
         self.function.add_to_role_policy(

@@ -19,12 +19,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .catalog import InstanceFacts, ModelFacts
-
-if TYPE_CHECKING:
-    from .config import DeploymentConfig
 
 GIB = 1024**3
 MIB = 1024**2
@@ -341,26 +337,3 @@ def root_volume_needed_gib(model: ModelFacts, copies: int = 1) -> int:
     download the new revision beside the old one."""
     used = IMAGE_DISK_GIB + NODE_OTHER_GIB + copies * checkpoint_bytes(model) / GIB
     return math.ceil(used / (1 - EVICTION_FREE_FRACTION))
-
-
-# --- the engine choices: synth's one line, the sizing command's table ------------------------------
-
-
-def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[str, bool, Sizing]]:
-    """(label, configured?, decode's sizing) for each weight format and graph mode on decode's GPU:
-    the configured row is the synth gate's figures (``config.sizing``)."""
-    found = []
-    for quantization in QUANTIZATIONS:
-        for eager in (True, False):
-            sizing = config.sizing("decode", facts, quantization=quantization, enforce_eager=eager)
-            assert sizing is not None  # facts given
-            label = f"{'bf16' if quantization == 'none' else quantization}, {'eager' if eager else 'CUDA graphs'}"
-            found.append((label, (quantization, eager) == (config.quantization, config.decode_enforce_eager), sizing))
-    return found
-
-
-def what_if_line(config: DeploymentConfig, facts: ModelFacts) -> str:
-    """The what-if table in one line, for the synth output."""
-    parts = [f"{'*' if chosen else ''}{label} {s.kv_capacity_tokens:,} ({s.max_num_seqs} seqs)"
-             for label, chosen, s in engine_choices(config, facts) if not s.problems()]  # fmt: skip
-    return f"engine choices, decode KV tokens: {'; '.join(parts)} (python -m eks_pd_serving sizing for more)"

@@ -100,7 +100,7 @@ def test_sizing_prints_what_each_engine_choice_gives() -> None:
 def test_the_configured_engine_choice_is_the_synth_gates_figures(settings: dict[str, Any]) -> None:
     """The what-if row marked configured must be what the gate sized (it once left out
     decode_max_num_seqs: 15 sequences shown where 8 were configured)."""
-    from eks_pd_serving.sizing import engine_choices
+    from eks_pd_serving.engine_choices import engine_choices
 
     config = DeploymentConfig.from_context(settings)
     facts = MODELS[config.model_source]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from aws_cdk import Duration
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from ..log_groups import LogGroups
 from . import checkov
 
 
@@ -22,7 +22,7 @@ def api_function(
     handler: str,
     code_dir: Path,
     timeout: Duration,
-    log_groups: LogGroups,
+    log_group: logs.ILogGroup,
     outside_vpc_reason: str,
 ) -> lambda_.Function:
     function = lambda_.Function(
@@ -33,7 +33,7 @@ def api_function(
         handler=handler,
         code=lambda_.Code.from_asset(str(code_dir), exclude=["__pycache__", "*.pyc", "__init__.py"]),
         timeout=timeout,
-        log_group=log_groups.group(scope, f"{id}LogGroup"),
+        log_group=log_group,
     )
     cfn = function.node.default_child
     assert isinstance(cfn, lambda_.CfnFunction)

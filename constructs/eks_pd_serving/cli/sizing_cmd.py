@@ -17,7 +17,8 @@ from rich.table import Table
 
 from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
-from ..sizing import GIB, Sizing, engine_choices
+from ..engine_choices import engine_choices
+from ..sizing import GIB, Sizing
 from ._common import add_config_arguments, console, load_config, table
 from .cost import PRICES
 
