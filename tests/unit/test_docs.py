@@ -252,6 +252,25 @@ def test_the_folder_check_sees_an_unnamed_module_and_subfolder(tmp_path: Path) -
     assert undocumented_members(package) == ["room/forgotten", "room/inner"]
 
 
+def test_the_cli_pages_command_table_is_the_clis_and_each_command_has_its_section() -> None:
+    from eks_pd_serving.cli import COMMANDS
+    from tools import cli_reference
+
+    assert cli_reference.main(["--check"]) == 0
+    headings = re.findall(r"^## `([a-z0-9-]+)`", cli_reference.TARGET.read_text(), re.MULTILINE)
+    assert sorted(headings) == sorted(COMMANDS)
+
+
+def test_the_command_table_check_sees_a_stale_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tools import cli_reference
+
+    stale = tmp_path / "cli.md"
+    stale.write_text(f"# CLI\n\n{cli_reference.BEGIN}\n| command | what it answers |\n{cli_reference.END}\n")
+    monkeypatch.setattr(cli_reference, "TARGET", stale)
+    assert cli_reference.main(["--check"]) == 1
+    assert cli_reference.main([]) == 0 and "[`verify`](#verify)" in stale.read_text()
+
+
 def test_the_readme_is_a_front_door() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) <= 250
