@@ -115,6 +115,30 @@ UPDATES = {
     "autoscaling": "decode autoscaling target",
     "failover": "failover wait",
 }
+
+
+# The faults that must serve again within --recovery-bound-s (every update too; not the GCS's).
+BOUNDED = ("decode", "prefill", "kv", "replace")
+
+
+def fault_key(title: str) -> str:
+    """A fault's key from its display title, for events recorded before faults carried keys:
+    ``decode``, ``prefill``, ``kv``, ``replace``, ``update:<change>``, ``gcs``."""
+    for change, what in UPDATES.items():
+        if title.startswith(f"{what} changed"):
+            return f"update:{change}"
+    for key, start in (("replace", REPLACED), ("decode", "decode replica"), ("prefill", "prefill replica"),
+                       ("kv", "KV link"), ("gcs", "GCS killed")):  # fmt: skip
+        if title.startswith(start):
+            return key
+    return title
+
+
+def key_of(record: dict[str, Any]) -> str:
+    """The judged fault's key (its own, or read from an older recording's title)."""
+    return str(record.get("key") or fault_key(record["fault"]))
+
+
 CONTROL_OUTCOME = "control_outcome"  # an answer of the colocated control under load (--control-load-s)
 
 
@@ -381,7 +405,9 @@ def _replace_decode() -> list[str]:
     return list(json.loads(line.removeprefix(runbook.REPLACED_LINE)))
 
 
-def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0.0, settle_s: float = 0.0) -> None:
+def _fault(
+    load: Load, key: str, name: str, inject: Any, bound_s: float, hold_s: float = 0.0, settle_s: float = 0.0
+) -> None:
     """Inject, wait (bounded) until it serves again (``_serving_again``, counting only requests
     started ``settle_s`` or more after the fault), keep the load ``hold_s`` longer; with the
     failover, then wait (bounded) until the pair serves disaggregated again; the events file
@@ -390,7 +416,9 @@ def _fault(load: Load, name: str, inject: Any, bound_s: float, hold_s: float = 0
     paths = paths_served(load.endpoint.metrics_url)
     at = time.time()
     killed = inject()
-    load.events.write({"type": "fault", "name": name, "at": at, "killed": killed, "hold_s": hold_s, "paths": paths})
+    load.events.write(
+        {"type": "fault", "key": key, "name": name, "at": at, "killed": killed, "hold_s": hold_s, "paths": paths}
+    )
     log(f"== fault {name}: killed {killed}")
     while time.time() - at < bound_s:
         if _serving_again(load.since(at), at + settle_s) is not None:
@@ -550,6 +578,7 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
         results.append(
             {
                 "fault": fault["name"],
+                "key": fault.get("key") or fault_key(fault["name"]),
                 "killed": fault["killed"],
                 "requests_affected": len(affected),
                 "requests_failed": sum(not o.complete for o in affected),
@@ -851,18 +880,18 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
         for key in ("decode", "prefill"):
             name, title = f"{key} replica killed", layout.replica_title(rehearsed, key)
             if key in args.faults:
-                _fault(load, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
+                _fault(load, key, name, lambda t=title: _kill(run_id, t), args.recovery_bound_s)
         if "kv" in args.faults:
             link = KvLink(args.kv_chain)
             link.install()
             # Held past the heal: the link must carry KV again, not only decode recompute.
-            _fault(load, "KV link cut", lambda: _cut_kv_link(link, endpoint, run_id, events), args.recovery_bound_s,
-                   hold_s=KV_CUT_S + 20.0, settle_s=KV_CUT_S)  # fmt: skip
+            _fault(load, "kv", "KV link cut", lambda: _cut_kv_link(link, endpoint, run_id, events),
+                   args.recovery_bound_s, hold_s=KV_CUT_S + 20.0, settle_s=KV_CUT_S)  # fmt: skip
             events.write({"type": "kv_link", "event": "end", "at": time.time(),
                           "counters": engine_counters_by_replica(endpoint.metrics_url)})  # fmt: skip
             link.remove()
         if "replace" in args.faults:
-            _fault(load, REPLACED, _replace_decode, args.recovery_bound_s)
+            _fault(load, "replace", REPLACED, _replace_decode, args.recovery_bound_s)
         if "update" in args.faults:
             current = rehearsed
             for change in args.updates:
@@ -873,19 +902,19 @@ def _under_load(args: argparse.Namespace, events: Events, rehearsed: dict[str, A
                     events.write({"type": "redeployed", "at": time.time(), "ready_s": ready_s})
                     return []
 
-                _fault(load, f"{UPDATES[change]} changed, {REDEPLOYED}", redeploy,
+                _fault(load, f"update:{change}", f"{UPDATES[change]} changed, {REDEPLOYED}", redeploy,
                        args.recovery_bound_s, hold_s=5.0)  # fmt: skip
                 current = target
         if "gcs" not in args.faults:
             return 0
         if store is not None:
             # Held 90 s: past Ray's 60 s default for a raylet to reconnect to a GCS.
-            _fault(load, "GCS killed, restarted from the store", lambda: _restart_gcs(run_id, events),
+            _fault(load, "gcs", "GCS killed, restarted from the store", lambda: _restart_gcs(run_id, events),
                    args.recovery_bound_s, hold_s=90.0)  # fmt: skip
             _serve_state(events)
             events.write({"type": "gcs_store_usage", **store.usage()})
         else:  # last: without a store the dead GCS takes every Ray process with it
-            _fault(load, "GCS killed (no fault tolerance)", lambda: _kill(run_id, "gcs_server"),
+            _fault(load, "gcs", "GCS killed (no fault tolerance)", lambda: _kill(run_id, "gcs_server"),
                    args.recovery_bound_s, hold_s=90.0)  # fmt: skip
     return 0
 
@@ -1097,14 +1126,14 @@ def holds(report: dict[str, Any]) -> bool:
     with GCS fault tolerance, the GCS's death fails no request, the replicas serve while it is
     down, and the restarted GCS knows the Serve controller."""
     faults = report["faults"]
-    bounded = [f for f in faults if "replica" in f["fault"] or "kv_cut_s" in f or REDEPLOYED in f["fault"]]
+    bounded = [f for f in faults if key_of(f) in BOUNDED or key_of(f).startswith("update:")]
     # The update fault is one injection per change (UPDATES).
     updates = len(report.get("updates_chosen") or UPDATES)
     injected = sum(updates if chosen == "update" else 1 for chosen in report["faults_chosen"])
     ok = len(faults) == injected and all(f["recovered_s"] is not None for f in bounded)
     ok = ok and all(f["wrong_answers"] == 0 for f in faults)
-    ok = ok and all(f["killed"] for f in faults if f["fault"] == REPLACED)  # the program found the replica
-    for kv in (f for f in faults if "kv_cut_s" in f):
+    ok = ok and all(f["killed"] for f in faults if key_of(f) == "replace")  # the program found the replica
+    for kv in (f for f in faults if key_of(f) == "kv"):
         pulls_failed = (kv["kv_failed_transfers_while_cut"] or 0) > 0
         # The cut reached the KV path: pulls failed, or (an engine that died of it) requests did.
         ok = ok and (pulls_failed or kv["requests_failed"] > 0) and (kv["kv_transfers_after_heal"] or 0) > 0
@@ -1120,7 +1149,7 @@ def holds(report: dict[str, Any]) -> bool:
     if report.get("failover"):
         ok = ok and failover_holds(report)
     if report["gcs_fault_tolerance"] and "gcs" in report["faults_chosen"]:
-        gcs = faults[-1] if faults else {}
+        gcs: dict[str, Any] = next((f for f in faults if key_of(f) == "gcs"), {})
         ok = ok and gcs.get("requests_failed") == 0 and bool(gcs.get("completed_while_gcs_down"))
         ok = ok and bool((report["state_after_gcs_restart"] or {}).get("controller_found"))
     return ok
@@ -1134,13 +1163,13 @@ def failover_holds(report: dict[str, Any]) -> bool:
     wait_s = float(report["failover"]["wait_s"])
     ok = True
     for fault in report["faults"]:
-        if REDEPLOYED in fault["fault"]:  # each phase its own application, rolled one at a time
+        key = key_of(fault)
+        if key.startswith("update:"):  # each phase its own application, rolled one at a time
             ok = ok and fault["requests_failed"] == 0
             continue
-        replica_or_kv = "replica killed" in fault["fault"] or "kv_cut_s" in fault
-        if not replica_or_kv:
+        if key not in ("decode", "prefill", "kv"):
             continue
-        allowed = fault["in_flight_at_fault"] if fault["fault"].startswith("decode") else 0
+        allowed = fault["in_flight_at_fault"] if key == "decode" else 0
         ok = ok and fault["requests_failed"] <= allowed
         ok = ok and (fault["longest_failed_s"] or 0.0) <= 2 * wait_s + FAILED_MARGIN_S
         ok = ok and fault.get("disaggregated_again_s") is not None

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rehearsal.faults import CONTROL_OUTCOME, REPLACED, UPDATES, Outcome, holds, judge, main, near_tie
+from rehearsal.faults import CONTROL_OUTCOME, REPLACED, UPDATES, Outcome, fault_key, holds, judge, main, near_tie
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -386,3 +386,19 @@ def test_judging_a_file_that_is_no_runs_events_is_one_line_and_writes_nothing(tm
         assert main(["--judge-events", str(path), "--report", str(report)]) == 2
         (line,) = capsys.readouterr().out.strip().splitlines()
         assert line.startswith(f"FAIL: --judge-events {path}: {why}") and not report.parent.exists()
+
+
+def test_the_verdict_reads_each_faults_key_not_its_title() -> None:
+    """A fault recorded with its key is judged by it, whatever its title says; an older recording
+    without keys is read by its title."""
+    gcs = {"requests_failed": 0, "completed_while_gcs_down": 2}
+    report = _report(gcs, FOUND)
+    assert holds(report)
+    decode = report["faults"][0]
+    report["faults"][0] = {**decode, "fault": "the first engine stopped", "key": "decode", "recovered_s": None}
+    assert not holds(report)  # still a decode kill: it must serve again within the bound
+    report["faults"][0] = {**decode, "fault": "the first engine stopped", "key": "decode"}
+    assert holds(report)
+    assert [fault_key(t) for t in ("decode replica killed", "KV link cut", REPLACED, "GCS killed (no fault tolerance)",
+                                   f"{UPDATES['both']} changed, serve config redeployed")] == [
+        "decode", "kv", "replace", "gcs", "update:both"]  # fmt: skip
