@@ -418,6 +418,11 @@ def kv_guard_program(config: DeploymentConfig) -> k8s.PodProgram:
     return _pod_program(f"{config.ray_service_name}-kv-guard-code", kv_guard, KV_GUARD_CODE)
 
 
+def node_cache_program(config: DeploymentConfig) -> k8s.PodProgram:
+    """The node cache's code, shipped in every configuration (``k8s.RayServiceProps.node_cache_program``)."""
+    return _pod_program(f"{config.ray_service_name}-node-cache-code", node_cache, NODE_CACHE_CODE)
+
+
 def node_cache_spec(config: DeploymentConfig, image: str, weights_uri: str | None) -> k8s.NodeCacheSpec | None:
     """The node cache on the GPU workers (``node_cache``); the Hub's cache there too when the
     engines download from it."""
@@ -426,7 +431,6 @@ def node_cache_spec(config: DeploymentConfig, image: str, weights_uri: str | Non
     return k8s.NodeCacheSpec(
         host_path=node_cache.HOST_PATH,
         mount_path=node_cache.CACHE_PATH,
-        program=_pod_program(f"{config.ray_service_name}-node-cache-code", node_cache, NODE_CACHE_CODE),
         compile_key=node_cache.compile_key(image),
         hub_cache=weights_uri is None,
     )
@@ -537,6 +541,7 @@ def ray_service_props(
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),
         node_cache=node_cache_spec(config, image, weights_uri),
+        node_cache_program=node_cache_program(config),
         api_keys_hook=api_keys_hook(config),
         gcs_auth=gcs_auth() if gcs_fault_tolerance else None,
         gcs_fault_tolerance=gcs_fault_tolerance,

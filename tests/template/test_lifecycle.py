@@ -32,6 +32,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "gcs_ft_off": {"gcs_fault_tolerance": False},
     "api_keys": {"api_keys": True},
     "kv_guard_off": {"kv_pull_guard": "off"},
+    "node_cache_off": {"node_cache": False, "fast_image_pull": False},
     "odcr": {"gpu_capacity": "odcr:cr-0123456789abcdef0",
              "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
     "autoscaling_decode_max_3": {"autoscaling": True, "decode_max_replicas": 3},

@@ -82,7 +82,7 @@ class RayNamespaceChart(cdk8s.Chart):
             ("ApiKeysCode", props.api_keys_hook.program if props.api_keys_hook else None),
             ("KvGuardCode", props.kv_guard_program),
             ("FailoverCode", props.failover_program),
-            ("NodeCacheCode", props.node_cache.program if props.node_cache else None),
+            ("NodeCacheCode", props.node_cache_program),
         ):
             if program is not None:
                 kplus.ConfigMap(
@@ -314,7 +314,10 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     guard, failover = props.kv_guard_program, props.failover_program
     cache = props.node_cache
     env.extend(_node_cache_env(cache))
-    programs = (guard, failover, cache.program if cache else None)
+    cache_program = props.node_cache_program if cache else None
+    if cache is not None and cache_program is None:
+        raise ValueError("RayServiceProps.node_cache needs node_cache_program (the fill's code)")
+    programs = (guard, failover, cache_program)
     env.extend(_api_keys_env(props, tuple(p.mount_path for p in programs if p)))
     if props.kv_guard:
         env.extend(
@@ -362,7 +365,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     )
     pod = _with_program(failover, _FAILOVER_VOLUME, _with_program(guard, _KV_GUARD_VOLUME, pod))
     if cache is not None:
-        pod = _with_node_cache(cache, _with_program(cache.program, _NODE_CACHE_CODE_VOLUME, pod))
+        pod = _with_node_cache(cache, _with_program(cache_program, _NODE_CACHE_CODE_VOLUME, pod))
     return {**spec, "template": pod}
 
 

@@ -92,12 +92,12 @@ class PodProgram:
 @dataclass(frozen=True)
 class NodeCacheSpec:
     """The GPU node's disk for what an engine start would otherwise fetch or build again, mounted on
-    every GPU worker: the models' ``local_folder`` copies (``program`` fills them) and vLLM's,
-    TorchInductor's and Triton's compile caches under ``compile_key`` (the image's digest)."""
+    every GPU worker: the models' ``local_folder`` copies (``RayServiceProps.node_cache_program``
+    fills them) and vLLM's, TorchInductor's and Triton's compile caches under ``compile_key`` (the
+    image's digest)."""
 
     host_path: str
     mount_path: str
-    program: PodProgram
     compile_key: str
     #: Hugging Face's cache there too (the engines download from the Hub: weights_source=huggingface).
     #: Default: False.
@@ -314,6 +314,9 @@ class RayServiceProps:
     failover_program: PodProgram | None = None
     # The node cache on every GPU worker; None: none (each start fetches and compiles anew).
     node_cache: NodeCacheSpec | None = None
+    # The node cache's code, applied whether the cache is on or off (as the failover's): pods of a
+    # RayCluster built with it mount it until that cluster is rebuilt. Required with ``node_cache``.
+    node_cache_program: PodProgram | None = None
 
     @property
     def serve_service_name(self) -> str:
