@@ -122,3 +122,21 @@ def test_the_callback_names_what_the_serve_config_imports() -> None:
 
     assert node_cache.callback_class() == f"{node_cache.MODULE}:{cache.NodeWeights.__name__}"
     assert cache.split(SOURCE) == (BUCKET, PREFIX + "/")
+
+
+def test_a_copy_another_start_holds_is_not_removed(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
+    import fcntl
+
+    model = tmp_path / "weights" / "m"
+    s3 = boto3.client("s3")
+    for revision in ("r1", "r2", "r3"):
+        for name, body in FILES.items():
+            s3.put_object(Bucket=BUCKET, Key=f"models/m/{revision}/{name}", Body=body)
+        s3.put_object(Bucket=BUCKET, Key=f"models/m/{revision}/hash", Body=revision.encode())
+    for revision in ("r1", "r2"):
+        cache.fill(f"s3://{BUCKET}/models/m/{revision}", model / revision)
+    with (model / "r1.lock").open("a") as held:  # another start is checking r1 right now
+        fcntl.flock(held, fcntl.LOCK_EX)
+        cache.fill(f"s3://{BUCKET}/models/m/r3", model / "r3")
+    assert sorted(p.name for p in model.iterdir() if p.is_dir()) == ["r1", "r2", "r3"]
+    assert cache.prune(model) == [model / "r1"]  # removed once nothing holds it

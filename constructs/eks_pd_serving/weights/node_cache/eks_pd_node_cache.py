@@ -105,36 +105,31 @@ def _copy(client: Any, transfer: Any, bucket: str, prefix: str, files: list[tupl
         client.download_file(bucket, prefix + name, str(target), Config=transfer)
 
     with ThreadPoolExecutor(FILES_AT_ONCE) as pool:
-        for done in pool.map(one, [name for name, _ in files]):
-            del done
+        list(pool.map(one, [name for name, _ in files]))  # raises the first failed download
 
 
 def prune(model_dir: Path, keep: int = KEEP, serving: Path | None = None) -> list[Path]:
-    """Remove the model's complete copies beyond the newest ``keep`` (and leftovers of fills that
-    died), never ``serving``; returns what was removed."""
+    """Remove the model's complete copies beyond the newest ``keep`` (the most recently checked or
+    filled) and leftovers of fills that died, never ``serving`` and never one whose lock another
+    start holds; returns what was removed."""
     copies = sorted(
         (p for p in model_dir.iterdir() if p.is_dir() and complete_snapshot(p) is not None),
         key=lambda p: (p / COMPLETE).stat().st_mtime,
         reverse=True,
     )
-    removed = [p for p in copies[keep:] if p != serving]
-    removed += [p for p in model_dir.iterdir() if p.is_dir() and p.name.startswith(".fill-") and not _locked(p)]
-    for path in removed:
-        shutil.rmtree(path, ignore_errors=True)
+    stale = [(p, p.name) for p in copies[keep:] if p != serving]
+    stale += [(p, p.name.removeprefix(".fill-").rsplit("-", 1)[0]) for p in model_dir.iterdir()
+              if p.is_dir() and p.name.startswith(".fill-")]  # fmt: skip
+    removed = []
+    for path, name in stale:
+        with (model_dir / f"{name}.lock").open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:  # being checked or filled by another start
+                continue
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
-
-
-def _locked(partial: Path) -> bool:
-    """A fill's folder is another process's while its lock file is held."""
-    lock = partial.parent / (partial.name.split(".fill-", 1)[-1].rsplit("-", 1)[0] + ".lock")
-    try:
-        with lock.open("a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
