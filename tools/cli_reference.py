@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from eks_pd_serving.cli import COMMANDS
-from tools.generated import write_or_check
+from tools.generated import between_markers, write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "docs" / "reference" / "cli.md"
@@ -30,11 +30,7 @@ def table() -> str:
 
 def render(page: str) -> str:
     """``page`` with the table between its markers replaced (the markers must be there)."""
-    if BEGIN not in page or END not in page:
-        raise ValueError(f"{TARGET.name} lacks the command table's markers. Fix: put {BEGIN} and {END} in it")
-    head, rest = page.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
+    return between_markers(page, BEGIN, END, table(), TARGET.name)
 
 
 def main(argv: list[str] | None = None) -> int:

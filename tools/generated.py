@@ -23,3 +23,13 @@ def write_or_check(argv: list[str] | None, doc: str | None, target: Path, render
     target.write_text(text)
     print(f"wrote {target}")
     return 0
+
+
+def between_markers(page: str, begin: str, end: str, body: str, name: str) -> str:
+    """``page`` with what lies between ``begin`` and ``end`` replaced by ``body`` (the markers must
+    be there: one line naming them otherwise)."""
+    if begin not in page or end not in page:
+        raise ValueError(f"{name} lacks its generated section's markers. Fix: put {begin} and {end} in it")
+    head, rest = page.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{body}\n{end}{tail}"

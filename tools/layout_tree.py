@@ -13,7 +13,7 @@ import re
 import sys
 from pathlib import Path
 
-from tools.generated import write_or_check
+from tools.generated import between_markers, write_or_check
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "constructs" / "eks_pd_serving"
@@ -45,13 +45,11 @@ def _cell(text: str) -> str:
 def table(package: Path = PACKAGE) -> str:
     rows = ["| module | what it holds |", "| --- | --- |"]
     rows += [f"| `{name}` | {_cell(text)} |" for name, text in entries(package)]
-    return "\n".join([BEGIN, *rows, END])
+    return "\n".join(rows)
 
 
 def render(page: str, package: Path = PACKAGE) -> str:
-    before, rest = page.split(BEGIN, 1)
-    _, after = rest.split(END, 1)
-    return before + table(package) + after
+    return between_markers(page, BEGIN, END, table(package), TARGET.name)
 
 
 def main(argv: list[str] | None = None) -> int:

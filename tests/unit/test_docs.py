@@ -239,6 +239,7 @@ def undocumented_members(package: Path) -> list[str]:
 
 def test_every_folders_docstring_names_what_the_folder_holds() -> None:
     assert undocumented_members(ROOT / "constructs" / "eks_pd_serving") == []
+    assert undocumented_members(ROOT / "rehearsal") == []
 
 
 def test_the_folder_check_sees_an_unnamed_module_and_subfolder(tmp_path: Path) -> None:

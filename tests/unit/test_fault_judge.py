@@ -1,6 +1,7 @@
-"""The fault rehearsal's judgement (rehearsal/faults.py) on recorded events: which requests a
-fault touched, how each ended as a client saw it, the recovery time, wrong answers. The faults
-themselves run in `make rehearse-faults` (docs/features/failures.md has a run's table)."""
+"""The fault rehearsal's judgement (rehearsal/faults/judge.py and each fault's own checks) on
+recorded events: which requests a fault touched, how each ended as a client saw it, the recovery
+time, wrong answers. The faults themselves run in `make rehearse-faults` (docs/features/failures.md
+has a run's table)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from rehearsal.faults import CONTROL_OUTCOME, REPLACED, UPDATES, Outcome, fault_key, holds, judge, main, near_tie
+from rehearsal.faults.cli import main
+from rehearsal.faults.judge import holds, judge, near_tie
+from rehearsal.faults.load import CONTROL_OUTCOME, Outcome
+from rehearsal.faults.registry import fault_key
+from rehearsal.faults.replace import REPLACED
+from rehearsal.faults.update import UPDATES
 
 ROOT = Path(__file__).resolve().parents[2]
 
