@@ -30,7 +30,7 @@ def recorded() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
             continue
         if isinstance(target, ast.Name) and target.id in ("UPSTREAM_DEFINITIONS", "UPSTREAM"):
             values[target.id] = ast.literal_eval(value)
-    return tuple(values["UPSTREAM_DEFINITIONS"]), dict(values["UPSTREAM"])
+    return tuple(values["UPSTREAM_DEFINITIONS"]), {v: tuple(d.split()) for v, d in values["UPSTREAM"].items()}
 
 
 def ray_of(python: str) -> tuple[str, Path]:
@@ -75,4 +75,4 @@ def changed(python: str) -> tuple[str, list[str]]:
 
 if __name__ == "__main__":
     version, found = digests(sys.argv[1])
-    print(json.dumps({version: found}))
+    print(json.dumps({version: " ".join(found)}))

@@ -573,7 +573,7 @@ def efa_client(*answers: list[float]) -> tuple[Any, Stubber]:
 def test_verify_efa_passes_once_the_requests_minute_shows_bytes() -> None:
     client, stub = efa_client([], [1_310_720.0])
     waits: list[float] = []
-    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 240, sleep=waits.append)
+    check = verify.check_efa_traffic(verify.MetricWindow(client, "ray-llm-multinode", SENT, 240, sleep=waits.append))
     assert check.passed and "1,310,720 bytes" in check.detail
     assert waits == [15.0]
     stub.assert_no_pending_responses()
@@ -581,13 +581,13 @@ def test_verify_efa_passes_once_the_requests_minute_shows_bytes() -> None:
 
 def test_verify_efa_fails_when_requests_were_served_and_efa_stood_still() -> None:
     client, _ = efa_client([0.0, 0.0])
-    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None)
+    check = verify.check_efa_traffic(verify.MetricWindow(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None))
     assert not check.passed and "did not cross EFA" in check.detail and "Fix:" in check.detail
 
 
 def test_verify_efa_fails_with_the_addon_to_check_when_no_metric_arrives() -> None:
     client, _ = efa_client([], [], [])
-    check = verify.check_efa_traffic(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
+    check = verify.check_efa_traffic(verify.MetricWindow(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None))
     assert not check.passed and "amazon-cloudwatch" in check.detail
 
 
@@ -643,20 +643,22 @@ def test_verify_paths_ask_for_every_path_the_failover_counts() -> None:
 def test_verify_paths_pass_once_the_pair_served_and_nothing_fell_back() -> None:
     client, stub = paths_client({}, {"disaggregated": [1.0]})
     waits: list[float] = []
-    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 240, sleep=waits.append)
+    check = verify.check_served_paths(verify.MetricWindow(client, "ray-llm-multinode", SENT, 240, sleep=waits.append))
     assert check.passed and "disaggregated 1" in check.detail and waits == [15.0]
     stub.assert_no_pending_responses()
 
 
 def test_verify_paths_fail_on_a_request_one_engine_served_alone() -> None:
     client, _ = paths_client({"disaggregated": [3.0], "prefill_whole": [1.0]})
-    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None)
+    check = verify.check_served_paths(
+        verify.MetricWindow(client, "ray-llm-multinode", SENT, 240, sleep=lambda _s: None)
+    )
     assert not check.passed and "prefill_whole 1" in check.detail and "Fix:" in check.detail
 
 
 def test_verify_paths_fail_with_the_addon_to_check_when_no_count_arrives() -> None:
     client, _ = paths_client({}, {}, {})
-    check = verify.check_served_paths(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None)
+    check = verify.check_served_paths(verify.MetricWindow(client, "ray-llm-multinode", SENT, 30, sleep=lambda _s: None))
     assert not check.passed and "amazon-cloudwatch" in check.detail
 
 

@@ -368,28 +368,53 @@ def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str
     return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))
 
 
-def check_efa_traffic(
-    cloudwatch: Any,
-    cluster_name: str,
-    sent: datetime.datetime,
-    wait_s: float,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Check:
-    """Bytes the cluster's EFA devices received in the minutes from ``sent`` (Container Insights,
-    dimension ClusterName, one-minute sums). Passes once a minute at or after ``sent`` shows
-    bytes; fails when those minutes arrived and all show none, or none arrived in ``wait_s``."""
-    query = {
-        "Id": "efa",
-        "MetricStat": {
-            "Metric": {
-                "Namespace": CONTAINER_INSIGHTS,
-                "MetricName": EFA_RX_BYTES,
-                "Dimensions": [{"Name": "ClusterName", "Value": cluster_name}],
-            },
-            "Period": 60,
-            "Stat": "Sum",
-        },
-    }
+@dataclass(frozen=True)
+class MetricWindow:
+    """One cluster's CloudWatch metrics in one-minute sums from the minute of ``sent``, read every
+    15 s for at most ``wait_s``."""
+
+    cloudwatch: Any
+    cluster_name: str
+    sent: datetime.datetime
+    wait_s: float
+    sleep: Callable[[float], None] = time.sleep
+
+    def poll(
+        self, queries: list[dict[str, Any]], judge: Callable[[list[dict[str, Any]]], Check | None], name: str,
+        metric: str,
+    ) -> Check:  # fmt: skip
+        """Read ``queries`` until ``judge`` decides, or fail naming the check and ``metric`` once
+        ``wait_s`` passed with no decision."""
+        start = self.sent.replace(second=0, microsecond=0)
+        waited = 0.0
+        while True:
+            end = start + datetime.timedelta(minutes=5)
+            answer = self.cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)
+            found = judge(answer["MetricDataResults"])
+            if found is not None:
+                return found
+            if waited >= self.wait_s:
+                return Check(
+                    name,
+                    False,
+                    f"no {metric} for {self.cluster_name} within {self.wait_s:.0f} s. Fix: check the "
+                    "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
+                )
+            self.sleep(15.0)
+            waited += 15.0
+
+    def minute_sums(self, query_id: str, namespace: str, metric: str, path: str | None = None) -> dict[str, Any]:
+        """A GetMetricData query: ``metric``'s one-minute sums on this cluster (and one failover path)."""
+        dimensions = [{"Name": "ClusterName", "Value": self.cluster_name}]
+        dimensions += [{"Name": "path", "Value": path}] if path else []
+        stat = {"Metric": {"Namespace": namespace, "MetricName": metric, "Dimensions": dimensions}, "Period": 60}
+        return {"Id": query_id, **({"Label": path} if path else {}), "MetricStat": {**stat, "Stat": "Sum"}}
+
+
+def check_efa_traffic(window: MetricWindow) -> Check:
+    """Bytes the cluster's EFA devices received in the minutes from the test request (Container
+    Insights, dimension ClusterName). Passes once a minute at or after it shows bytes; fails when
+    those minutes arrived and all show none, or none arrived in the window's wait."""
 
     def judge(results: list[dict[str, Any]]) -> Check | None:
         (series,) = results
@@ -405,7 +430,8 @@ def check_efa_traffic(
             )
         return None
 
-    return _poll(cloudwatch, [query], sent, wait_s, sleep, judge, ("KV over EFA", EFA_RX_BYTES, cluster_name))
+    query = window.minute_sums("efa", CONTAINER_INSIGHTS, EFA_RX_BYTES)
+    return window.poll([query], judge, "KV over EFA", EFA_RX_BYTES)
 
 
 # The failover's paths (fault_tolerance/failover: PATHS): served by the pair, or by one engine.
@@ -417,31 +443,13 @@ FALLBACK_PATHS = {
 }
 
 
-def check_served_paths(
-    cloudwatch: Any,
-    cluster_name: str,
-    sent: datetime.datetime,
-    wait_s: float,
-    sleep: Callable[[float], None] = time.sleep,
-) -> Check:
-    """Requests by the path that served them in the minutes from ``sent`` (the failover's counter,
-    one-minute sums, dimensions ClusterName and path). Passes once the pair served and no request
-    fell back; fails on any fallback, or when no count arrived in ``wait_s``."""
+def check_served_paths(window: MetricWindow) -> Check:
+    """Requests by the path that served them in the minutes from the test request (the failover's
+    counter, dimensions ClusterName and path). Passes once the pair served and no request fell back;
+    fails on any fallback, or when no count arrived in the window's wait."""
     paths = (*PAIR_PATHS, *FALLBACK_PATHS)
     queries = [
-        {
-            "Id": f"p{index}",
-            "Label": path,
-            "MetricStat": {
-                "Metric": {
-                    "Namespace": om.METRIC_NAMESPACE,
-                    "MetricName": om.REQUESTS_BY_PATH,
-                    "Dimensions": [{"Name": "ClusterName", "Value": cluster_name}, {"Name": "path", "Value": path}],
-                },
-                "Period": 60,
-                "Stat": "Sum",
-            },
-        }
+        window.minute_sums(f"p{index}", om.METRIC_NAMESPACE, om.REQUESTS_BY_PATH, path)
         for index, path in enumerate(paths)
     ]
 
@@ -466,41 +474,7 @@ def check_served_paths(
             )
         return None
 
-    return _poll(
-        cloudwatch, queries, sent, wait_s, sleep, judge, ("served by the pair", om.REQUESTS_BY_PATH, cluster_name)
-    )
-
-
-def _poll(
-    cloudwatch: Any,
-    queries: list[dict[str, Any]],
-    sent: datetime.datetime,
-    wait_s: float,
-    sleep: Callable[[float], None],
-    judge: Callable[[list[dict[str, Any]]], Check | None],
-    subject: tuple[str, str, str],
-) -> Check:
-    """``queries``' one-minute sums from ``sent``'s minute, read every 15 s until ``judge`` decides
-    or ``wait_s`` passed with none; ``subject``: the check's name, the metric and the cluster."""
-    name, metric, cluster_name = subject
-    start = sent.replace(second=0, microsecond=0)
-    waited = 0.0
-    while True:
-        end = start + datetime.timedelta(minutes=5)
-        found = judge(
-            cloudwatch.get_metric_data(MetricDataQueries=queries, StartTime=start, EndTime=end)["MetricDataResults"]
-        )
-        if found is not None:
-            return found
-        if waited >= wait_s:
-            return Check(
-                name,
-                False,
-                f"no {metric} for {cluster_name} within {wait_s:.0f} s. Fix: check the "
-                "amazon-cloudwatch-observability add-on's pods (kubectl -n amazon-cloudwatch get pods)",
-            )
-        sleep(15.0)
-        waited += 15.0
+    return window.poll(queries, judge, "served by the pair", om.REQUESTS_BY_PATH)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -549,9 +523,9 @@ def run(args: argparse.Namespace) -> int:
             report = check_endpoint(args.endpoint, settings.model_id, api_key=args.api_key)
             checks.append(Check("endpoint", True, f"models {report.models}; TTFT {report.ttft_s * 1000:.0f} ms"))
             if settings.observability:
-                checks.append(_efa_check(args, settings, sent))
+                checks.append(_cloudwatch_check(args, settings, sent, "KV over EFA", check_efa_traffic))
                 if settings.pd_failover:
-                    checks.append(_paths_check(args, settings, sent))
+                    checks.append(_cloudwatch_check(args, settings, sent, "served by the pair", check_served_paths))
         except (EndpointFailed, httpx.HTTPError) as error:
             checks.append(Check("endpoint", False, f"{error}; port-forward 8000"))
     rows = [[c.name, "[green]ok[/green]" if c.passed else "[red]FAIL[/red]", c.detail] for c in checks]
@@ -565,26 +539,14 @@ def _aws(args: argparse.Namespace, settings: Any, service: str) -> Any:
     return boto3.Session(profile_name=args.profile, region_name=settings.region).client(service)
 
 
-def _paths_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
+def _cloudwatch_check(
+    args: argparse.Namespace, settings: Any, sent: datetime.datetime, name: str, check: Callable[[MetricWindow], Check]
+) -> Check:
+    """``check`` on the cluster's metrics from ``sent``; one line naming the grant when CloudWatch
+    cannot be read."""
     import botocore.exceptions
 
     try:
-        return check_served_paths(_aws(args, settings, "cloudwatch"), settings.cluster_name, sent, args.efa_wait_s)
+        return check(MetricWindow(_aws(args, settings, "cloudwatch"), settings.cluster_name, sent, args.efa_wait_s))
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-        return Check(
-            "served by the pair",
-            False,
-            f"CloudWatch unreadable ({error}). Fix: credentials with cloudwatch:GetMetricData",
-        )
-
-
-def _efa_check(args: argparse.Namespace, settings: Any, sent: datetime.datetime) -> Check:
-    import botocore.exceptions
-
-    try:
-        cloudwatch = _aws(args, settings, "cloudwatch")
-        return check_efa_traffic(cloudwatch, settings.cluster_name, sent, args.efa_wait_s)
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as error:
-        return Check(
-            "KV over EFA", False, f"CloudWatch unreadable ({error}). Fix: credentials with cloudwatch:GetMetricData"
-        )
+        return Check(name, False, f"CloudWatch unreadable ({error}). Fix: credentials with cloudwatch:GetMetricData")

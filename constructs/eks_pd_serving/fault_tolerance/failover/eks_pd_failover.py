@@ -151,37 +151,18 @@ UPSTREAM_DEFINITIONS = (
     "ray/llm/_internal/common/patches/vllm/tokenize_once.py:reuse_prompt_token_ids",
     "ray/serve/_private/http_util.py:session_id_from_headers",
 )
-# Each version's digests, in the order of UPSTREAM_DEFINITIONS (``tools/ray_upstream.py`` prints them).
-UPSTREAM: dict[str, tuple[str, ...]] = {
+# Each version's digests, in the order of UPSTREAM_DEFINITIONS, space-separated (``tools/ray_upstream.py``
+# prints them).
+UPSTREAM: dict[str, str] = {
     "2.58.0": (
-        "25d933dcb258731f",
-        "a7aca6a3ab0509da",
-        "e8ac2c82b9fb2b4b",
-        "e1f056b550fc5ae0",
-        "b9c6a1dc09a21b9d",
-        "c37a21e9b356036d",
-        "f3685d5feb0dfad6",
-        "e0ad009bfc8ea78d",
-        "791af4d52064adf8",
-        "1c214d1a2102dd29",
-        "96bfbf28c3f19dff",
-        "d5a76bb160dbadad",
-        "6fb3fcb5e6335a14",
+        "25d933dcb258731f a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
+        "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
+        "6fb3fcb5e6335a14"
     ),
     "2.60.0": (
-        "6820d7b51a3fb29c",
-        "a7aca6a3ab0509da",
-        "e8ac2c82b9fb2b4b",
-        "e1f056b550fc5ae0",
-        "b9c6a1dc09a21b9d",
-        "c37a21e9b356036d",
-        "f3685d5feb0dfad6",
-        "e0ad009bfc8ea78d",
-        "791af4d52064adf8",
-        "1c214d1a2102dd29",
-        "96bfbf28c3f19dff",
-        "d5a76bb160dbadad",
-        "6fb3fcb5e6335a14",
+        "6820d7b51a3fb29c a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
+        "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
+        "6fb3fcb5e6335a14"
     ),
 }
 
