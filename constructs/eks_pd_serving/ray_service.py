@@ -164,15 +164,7 @@ def _serve_rollout_spec(
     program = props.failover_program
     code = {program.annotation: program.digest} if program is not None else {}
     return replace(
-        _rollout_spec(props, digest, {}, deadline_s),
-        program=PodProgram(
-            config_map=f"{props.name}-serve-rollout-code",
-            file_name=rollout.FILE_NAME,
-            source=rollout.source(),
-            digest=rollout.source_digest(),
-            mount_path=rollout.MOUNT_PATH,
-            annotation="eks-pd.io/rollout-code",
-        ),
+        _rollout_spec(props, digest, {}, deadline_s, code_map=f"{props.name}-serve-rollout-code"),
         mode="serve",
         serve_config=serve_config,
         step_s=step_s,
@@ -181,15 +173,17 @@ def _serve_rollout_spec(
 
 
 def _rollout_spec(
-    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int
+    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int, code_map: str = ""
 ) -> RolloutSpec:
+    """A rollout Job's spec; ``code_map``: its program's ConfigMap (each rollout Job its own, as both
+    can run at once). Default: ``<name>-rollout-code``."""
     names = rollout.env_names()
     return RolloutSpec(
         ray_service=props.name,
         namespace=props.namespace,
         digest=digest,
         program=PodProgram(
-            config_map=f"{props.name}-rollout-code",
+            config_map=code_map or f"{props.name}-rollout-code",
             file_name=rollout.FILE_NAME,
             source=rollout.source(),
             digest=rollout.source_digest(),
