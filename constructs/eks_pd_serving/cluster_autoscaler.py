@@ -67,7 +67,7 @@ class ClusterAutoscaler(Construct):
             cluster=cluster,
             policy_document=scoped_policy(published_policy(versions.CLUSTER_AUTOSCALER_POLICY), cluster.cluster_name),
             policy_description=f"Cluster Autoscaler (published policy of v1.35.2, scoped to {cluster.cluster_name})",
-            role_description=f"Cluster Autoscaler in {cluster.cluster_name} (EKS Pod Identity)",
+            controller="Cluster Autoscaler",
             service_account=SERVICE_ACCOUNT,
             pin=versions.CLUSTER_AUTOSCALER_CHART,
             release=RELEASE,
@@ -83,9 +83,7 @@ class ClusterAutoscaler(Construct):
                 "resources": {"requests": dict(RESOURCES), "limits": dict(RESOURCES)},
             },
         )
-        self.policy, self.role, self.association, self.chart = (
-            installed.policy, installed.role, installed.association, installed.chart
-        )  # fmt: skip
+        self.policy, self.role, self.association, self.chart = installed.parts()
         nag.acknowledge(
             self.policy,
             {

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
+import importlib
 import re
 from pathlib import Path
 
@@ -258,18 +260,27 @@ def test_the_cli_pages_command_table_is_the_clis_and_each_command_has_its_sectio
     from tools import cli_reference
 
     assert cli_reference.main(["--check"]) == 0
-    headings = re.findall(r"^## `([a-z0-9-]+)`", cli_reference.TARGET.read_text(), re.MULTILINE)
+    headings = re.findall(r"^## `([a-z0-9-]+)`", cli_reference.PAGE.read_text(), re.MULTILINE)
     assert sorted(headings) == sorted(COMMANDS)
 
 
-def test_the_command_table_check_sees_a_stale_table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tools import cli_reference
-
-    stale = tmp_path / "cli.md"
-    stale.write_text(f"# CLI\n\n{cli_reference.BEGIN}\n| command | what it answers |\n{cli_reference.END}\n")
-    monkeypatch.setattr(cli_reference, "TARGET", stale)
-    assert cli_reference.main(["--check"]) == 1
-    assert cli_reference.main([]) == 0 and "[`verify`](#verify)" in stale.read_text()
+@pytest.mark.parametrize(
+    ("tool", "written"), [("cli_reference", "[`verify`](#verify)"), ("fault_reference", "| `gcs` |")]
+)
+def test_a_generated_tables_check_sees_a_stale_table_and_a_page_without_markers(
+    tool: str, written: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = importlib.import_module(f"tools.{tool}")
+    section = module.SECTION
+    stale = tmp_path / section.page.name
+    stale.write_text(f"# A page\n\n{section.begin}\n| an old row |\n{section.end}\n")
+    monkeypatch.setattr(module, "SECTION", dataclasses.replace(section, page=stale))
+    assert module.main(["--check"]) == 1
+    assert module.main([]) == 0 and written in stale.read_text()
+    assert module.main(["--check"]) == 0
+    stale.write_text("# A page without the markers\n")
+    with pytest.raises(ValueError, match="lacks its generated section's markers"):
+        module.main([])
 
 
 def test_the_readme_is_a_front_door() -> None:

@@ -24,6 +24,13 @@ FILES = {"model-00001-of-00002.safetensors": b"a" * 70_000, "model-00002-of-0000
          "config.json": b"{}", "tokenizer.json": b"{\"t\": 1}"}  # fmt: skip
 
 
+def stage(s3: Any, prefix: str, snapshot: bytes) -> None:
+    """The checkpoint's files under ``prefix`` as the staging writes them, with its ``hash``."""
+    for name, body in FILES.items():
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
+    s3.put_object(Bucket=BUCKET, Key=f"{prefix}/hash", Body=snapshot)
+
+
 @pytest.fixture
 def s3_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]:
     """moto's S3 with the staged layout (the files, ``hash``, ``.staged``); yields every call the
@@ -32,9 +39,7 @@ def s3_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]
     with moto_aws(monkeypatch):
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
-        for name, body in FILES.items():
-            s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/{name}", Body=body)
-        s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/hash", Body=b"snapshot-1\n")
+        stage(s3, PREFIX, b"snapshot-1\n")
         s3.put_object(Bucket=BUCKET, Key=f"{PREFIX}/.staged", Body=b"x")
         boto3.setup_default_session(region_name="us-east-1")
         assert boto3.DEFAULT_SESSION is not None
@@ -70,9 +75,7 @@ def test_a_new_snapshot_refills_and_two_revisions_are_kept(tmp_path: Path, s3_ca
     model = tmp_path / "weights" / "Qwen--Qwen3.5-9B"
     s3 = boto3.client("s3")
     for revision in ("r1", "r2", "r3"):
-        for name, body in FILES.items():
-            s3.put_object(Bucket=BUCKET, Key=f"models/x/{revision}/{name}", Body=body)
-        s3.put_object(Bucket=BUCKET, Key=f"models/x/{revision}/hash", Body=revision.encode())
+        stage(s3, f"models/x/{revision}", revision.encode())
         cache.fill(f"s3://{BUCKET}/models/x/{revision}", model / revision)
     assert sorted(p.name for p in model.iterdir() if p.is_dir()) == ["r2", "r3"]
     # The same revision re-staged with another snapshot: filled again, in place.
@@ -130,9 +133,7 @@ def test_a_copy_another_start_holds_is_not_removed(tmp_path: Path, s3_calls: lis
     model = tmp_path / "weights" / "m"
     s3 = boto3.client("s3")
     for revision in ("r1", "r2", "r3"):
-        for name, body in FILES.items():
-            s3.put_object(Bucket=BUCKET, Key=f"models/m/{revision}/{name}", Body=body)
-        s3.put_object(Bucket=BUCKET, Key=f"models/m/{revision}/hash", Body=revision.encode())
+        stage(s3, f"models/m/{revision}", revision.encode())
     for revision in ("r1", "r2"):
         cache.fill(f"s3://{BUCKET}/models/m/{revision}", model / revision)
     with (model / "r1.lock").open("a") as held:  # another start is checking r1 right now

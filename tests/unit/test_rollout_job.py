@@ -7,18 +7,15 @@ against that API over HTTP; what KubeRay and the cluster do is this emulation's,
 from __future__ import annotations
 
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from support import FakeApiHandler, fake_api
+from support import FakeApiHandler, fake_api, run_rollout_program
 
 from eks_pd_serving import rollout
 
-PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
 NS, NAME, NEW, OLD = "inference", "ray-llm", "new-digest", "old-digest"
 JOB = "ray-llm-rollout-new-digest-abcdef"
 ANNOTATION = rollout.digest_annotation()
@@ -137,13 +134,11 @@ def run(
     config ``digest``, the gpu group's ``max_replicas`` and the wait's ``window_s`` (the Job's env)."""
     bounds = {"gpu": {"replicas": 1, "minReplicas": 1, "maxReplicas": max_replicas}}
     window = window_s or deadline_s
-    driver = (
-        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
-        "api.retry_first_s = 0.01; "
-        f"sys.exit(ns['converge'](api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, "
-        f"window_s={window!r}, job={JOB!r}, poll_s=0.05))"
+    return run_rollout_program(
+        base,
+        f"converge(api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, window_s={window!r}, "
+        f"job={JOB!r}, poll_s=0.05)",
     )
-    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
 
 
 def test_a_cluster_built_from_an_older_spec_is_deleted_and_the_job_waits_until_the_new_one_serves(api: Any) -> None:

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import copy
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support import FakeApiHandler, fake_api, ray_service
+from support import FakeApiHandler, fake_api, ray_service, run_rollout_program
 
 from eks_pd_serving import rollout
 from eks_pd_serving.k8s import serve_config as layout
 
-PROGRAM = Path(rollout.__file__).parent / rollout.FILE_NAME
 NS, NAME, JOB = "inference", "ray-llm", "ray-llm-serve-rollout-abc-def"
 DIGEST = rollout.digest_annotation()  # the cluster config's, under recreate
 CODE = {"eks-pd-serving/failover-code": "d1", DIGEST: "c1"}
@@ -105,13 +102,11 @@ def api() -> Iterator[tuple[str, list[Service | None]]]:
 
 def run(base: str, target: dict[str, Any], step_s: float = 10) -> subprocess.CompletedProcess[str]:
     """The program in serve mode as the Job runs it, with a test's API, no settle wait, fast polls."""
-    driver = (
-        f"import runpy, sys; ns = runpy.run_path({str(PROGRAM)!r}); api = ns['Api']({base!r}, 'test-token'); "
-        "api.retry_first_s = 0.01; "
-        f"sys.exit(ns['roll_serve'](api, {NS!r}, {NAME!r}, {dump(target)!r}, {step_s!r}, job={JOB!r}, "
-        f"poll_s=0.02, settle_s=0.0, code={CODE!r}))"
+    return run_rollout_program(
+        base,
+        f"roll_serve(api, {NS!r}, {NAME!r}, {dump(target)!r}, {step_s!r}, job={JOB!r}, poll_s=0.02, settle_s=0.0, "
+        f"code={CODE!r})",
     )
-    return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
 
 
 @pytest.fixture(scope="module")

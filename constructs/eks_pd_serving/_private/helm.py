@@ -55,6 +55,9 @@ class PodIdentityRelease:
     association: eks.CfnPodIdentityAssociation
     chart: eks.HelmChart
 
+    def parts(self) -> tuple[iam.CfnManagedPolicy, iam.Role, eks.CfnPodIdentityAssociation, eks.HelmChart]:
+        return self.policy, self.role, self.association, self.chart
+
 
 def pod_identity_release(
     scope: Construct,
@@ -62,7 +65,7 @@ def pod_identity_release(
     cluster: eks.ICluster,
     policy_document: dict[str, Any],
     policy_description: str,
-    role_description: str,
+    controller: str,
     service_account: str,
     pin: ChartPin,
     release: str,
@@ -72,7 +75,8 @@ def pod_identity_release(
     """The policy (the L1 resource: a published document goes in exactly as published; the L2
     would rewrite and merge its statements), the Pod Identity role and association of
     ``namespace``/``service_account``, and the chart (``Resource``), which waits for the
-    association: credentials are injected when the pod starts."""
+    association: credentials are injected when the pod starts. ``controller``: its name, in the
+    role's description."""
     policy = iam.CfnManagedPolicy(scope, "Policy", description=policy_description, policy_document=policy_document)
     role, association = pod_identity_role(
         scope,
@@ -80,7 +84,7 @@ def pod_identity_release(
         namespace=namespace,
         service_account=service_account,
         policy_arn=policy.ref,
-        description=role_description,
+        description=f"{controller} in {cluster.cluster_name} (EKS Pod Identity)",
     )
     chart = helm_chart(scope, "Resource", cluster=cluster, pin=pin, release=release, namespace=namespace, values=values)
     chart.node.add_dependency(association)

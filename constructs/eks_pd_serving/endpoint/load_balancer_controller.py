@@ -37,7 +37,7 @@ class AwsLoadBalancerController(Construct):
             cluster=cluster,
             policy_document=document,
             policy_description=f"AWS Load Balancer Controller v{VERSION} (published policy)",
-            role_description=f"AWS Load Balancer Controller in {cluster.cluster_name} (EKS Pod Identity)",
+            controller="AWS Load Balancer Controller",
             service_account=SERVICE_ACCOUNT,
             pin=versions.AWS_LOAD_BALANCER_CONTROLLER_CHART,
             release=RELEASE,
@@ -53,9 +53,7 @@ class AwsLoadBalancerController(Construct):
                 "enableServiceMutatorWebhook": False,
             },
         )
-        self.policy, self.role, self.association, self.chart = (
-            installed.policy, installed.role, installed.association, installed.chart
-        )  # fmt: skip
+        self.policy, self.role, self.association, self.chart = installed.parts()
         source = f"The AWS Load Balancer Controller's published policy (v{VERSION})"
         nag.acknowledge(self.policy, nag.published_policy_wildcards(document, source))
         checkov.skip(
