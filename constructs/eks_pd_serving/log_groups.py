@@ -56,7 +56,11 @@ class LogGroups(Construct):
         providers = [c for c in stack.node.children if isinstance(c, CustomResourceProviderBase)]
         for root in (scope, *providers):
             for node in root.node.find_all():
-                if isinstance(node, CfnResource) and node.cfn_resource_type == _LAMBDA_TYPE:
+                # A generated L1 class says its type in Python; only a plain CfnResource (a
+                # provider's function) is asked across jsii.
+                if isinstance(node, lambda_.CfnFunction) or (
+                    type(node) is CfnResource and node.cfn_resource_type == _LAMBDA_TYPE
+                ):
                     self._adopt(node)
 
     def _adopt(self, function: CfnResource) -> None:

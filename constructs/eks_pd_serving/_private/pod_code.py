@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import hashlib
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,5 +46,18 @@ class Shipped:
         """Short digest of the source: a pod annotation, so new code restarts the pods on purpose."""
         return digest(self.source())
 
+    @cached_property
+    def _assigned(self) -> dict[str, ast.expr]:
+        """Each module-level ``name = ...``'s value node, parsed once."""
+        tree = ast.parse(self.source())
+        found: dict[str, ast.expr] = {}
+        for node in (n for n in tree.body if isinstance(n, ast.Assign)):
+            for target in (t for t in node.targets if isinstance(t, ast.Name)):
+                found.setdefault(target.id, node.value)
+        return found
+
     def constant(self, name: str) -> Any:
-        return constant(self.source(), self.file_name, name)
+        """The literal the module assigns to ``name`` (read, not imported)."""
+        if name not in self._assigned:
+            raise LookupError(f"{self.file_name} defines no {name}")
+        return ast.literal_eval(self._assigned[name])
