@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -409,7 +410,7 @@ def api(request: pytest.FixtureRequest) -> Iterator[Any]:
 def test_verify_passes_on_the_designed_layout(api: Any) -> None:
     checks, system = verify.check_nodes(api)
     assert system == {"ip-10-0-96-5.ec2.internal"} and all(c.passed for c in checks) and len(checks) == 2
-    pod_checks, pod_nodes, heads = verify.check_pods(api, "inference", "ray-llm-", system)
+    pod_checks, pod_nodes, heads, _ = verify.check_pods(api, "inference", "ray-llm-", system)
     assert all(c.passed for c in pod_checks), pod_checks
     (head,) = [c for c in pod_checks if c.name.startswith("head")]
     assert head.detail == "on node ip-10-0-96-5.ec2.internal; 0 restarts of ray-head"
@@ -419,9 +420,22 @@ def test_verify_passes_on_the_designed_layout(api: Any) -> None:
     assert verify.check_replica_placement(apps, pod_nodes).passed
 
 
+def test_verify_reads_each_workers_log_once_for_nixl_and_the_cold_start(api: Any) -> None:
+    _, system = verify.check_nodes(api)
+    _, _, _, worker_logs = verify.check_pods(api, "inference", "ray-llm-", system)
+    assert [log for _, log in worker_logs] == [(FIXTURES / "worker-libfabric.log").read_text()] * 2
+
+    class EventsOnly:  # no pod log to read: the cold start's split takes the logs already read
+        def list_namespaced_event(self, namespace: str, field_selector: str) -> Any:
+            return types.SimpleNamespace(items=[])
+
+    checks = verify.check_cold_start(EventsOnly(), "inference", worker_logs)
+    assert [c.name for c in checks] == [f"cold start {pod.metadata.name}" for pod, _ in worker_logs]
+
+
 @pytest.mark.parametrize("api", [{"q8w2n": "worker-libfabric.log", "z4m9t": "worker-ucx.log"}], indirect=True)
 def test_verify_fails_on_ucx_with_the_fix(api: Any) -> None:
-    pod_checks, _, _ = verify.check_pods(api, "inference", "ray-llm-", {"ip-10-0-96-5.ec2.internal"})
+    pod_checks, _, _, _ = verify.check_pods(api, "inference", "ray-llm-", {"ip-10-0-96-5.ec2.internal"})
     failed = [c for c in pod_checks if not c.passed]
     assert [c.name for c in failed] == ["NIXL ray-llm-x7k2p-gpu-workers-worker-z4m9t"]
     assert "TCP speed" in failed[0].detail and "Fix: keep kv_backend=LIBFABRIC" in failed[0].detail
@@ -444,7 +458,7 @@ def test_verify_fails_when_prefill_and_decode_share_a_node() -> None:
 
 
 def test_verify_head_on_a_gpu_node_fails(api: Any) -> None:
-    pod_checks, _, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
+    pod_checks, _, _, _ = verify.check_pods(api, "inference", "ray-llm-", system_nodes=set())
     (head,) = [c for c in pod_checks if c.name.startswith("head")]
     assert not head.passed
 

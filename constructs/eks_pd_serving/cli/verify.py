@@ -106,23 +106,31 @@ def check_nodes(core: Any) -> tuple[list[Check], set[str]]:
     return checks, system
 
 
+def worker_log(core: Any, namespace: str, pod: str) -> str:
+    """The worker container's log as text, read raw and decoded here: kubernetes-client 36.0.0
+    returns a log as the str() of its bytes, ``"b'...'"`` with escaped newlines (its issue #2596)."""
+    response = core.read_namespaced_pod_log(pod, namespace, container="ray-worker", _preload_content=False)
+    return str(response.data.decode("utf-8", errors="replace"))
+
+
 def check_pods(
     core: Any, namespace: str, cluster_prefix: str, system_nodes: set[str]
-) -> tuple[list[Check], dict[str, str], list[Any]]:
+) -> tuple[list[Check], dict[str, str], list[Any], list[tuple[Any, str]]]:
     """Head placement and NIXL backend per worker; returns pod IP -> node for replica placement,
-    and the head pods (for the GCS fault tolerance check)."""
+    the head pods (for the GCS fault tolerance check), and each worker pod with its log (read
+    once, for the cold start's split too)."""
     pods = [p for p in core.list_namespaced_pod(namespace).items if p.metadata.name.startswith(cluster_prefix)]
     heads = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "head"]
     workers = [p for p in pods if (p.metadata.labels or {}).get("ray.io/node-type") == "worker"]
     checks = []
+    logs = [(w, worker_log(core, namespace, w.metadata.name)) for w in workers]
     for head in heads:
         on_system = head.spec.node_name in system_nodes
         detail = f"on node {head.spec.node_name}; {head_restarts(head)}"
         checks.append(Check(f"head {head.metadata.name}", on_system, detail))
     if not heads:
         checks.append(Check("Ray head", False, f"no head pod of {cluster_prefix} in {namespace}"))
-    for worker in workers:
-        log = core.read_namespaced_pod_log(worker.metadata.name, namespace, container="ray-worker")
+    for worker, log in logs:
         if UCX in log:
             checks.append(Check(f"NIXL {worker.metadata.name}", False, UCX_FIX))
         elif LIBFABRIC in log:
@@ -131,7 +139,7 @@ def check_pods(
             checks.append(Check(f"NIXL {worker.metadata.name}", False, "no NIXL backend line in the log yet"))
     if not workers:
         checks.append(Check("Ray workers", False, f"no worker pod of {cluster_prefix} in {namespace}"))
-    return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}, heads
+    return checks, {p.status.pod_ip: p.spec.node_name for p in workers if p.status.pod_ip}, heads, logs
 
 
 # The parts of an engine start, as their programs log them (vLLM 0.26's lines, captured in
@@ -181,13 +189,13 @@ def cold_start_split(pod: Any, events: list[Any], log: str) -> Check:
     return Check(f"cold start {pod.metadata.name}", True, "; ".join(parts))
 
 
-def check_cold_start(core: Any, namespace: str, workers: list[Any]) -> list[Check]:
-    """``cold_start_split`` for each worker pod (information: a slow start is no failure)."""
+def check_cold_start(core: Any, namespace: str, workers: list[tuple[Any, str]]) -> list[Check]:
+    """``cold_start_split`` for each worker pod and its log (information: a slow start is no
+    failure)."""
     checks = []
-    for pod in workers:
+    for pod, log in workers:
         name = pod.metadata.name
         events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
-        log = core.read_namespaced_pod_log(name, namespace, container="ray-worker")
         checks.append(cold_start_split(pod, events, log))
     return checks
 
@@ -498,10 +506,9 @@ def run(args: argparse.Namespace) -> int:
         )
         return 1
     prefix = f"{settings.ray_service_name}-"
-    pod_checks, pod_nodes, heads = check_pods(core, settings.namespace, prefix, system_nodes)
+    pod_checks, pod_nodes, heads, worker_logs = check_pods(core, settings.namespace, prefix, system_nodes)
     checks += pod_checks
-    workers = core.list_namespaced_pod(settings.namespace, label_selector="ray.io/node-type=worker").items
-    checks += check_cold_start(core, settings.namespace, [p for p in workers if p.metadata.name.startswith(prefix)])
+    checks += check_cold_start(core, settings.namespace, worker_logs)
     checks.append(
         check_gcs_fault_tolerance(heads, settings.gcs_fault_tolerance, lambda: _aws(args, settings, "elasticache"))
     )
