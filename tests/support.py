@@ -321,16 +321,16 @@ class FakeApiHandler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
 
-def run_rollout_program(base: str, call: str) -> subprocess.CompletedProcess[str]:
+def run_rollout_program(base: str, entry: str, arguments: str) -> subprocess.CompletedProcess[str]:
     """The rollout Jobs' program as a Job runs it, with a test's API at ``base`` in place of the
-    in-cluster one (its first retry at once): ``call``, an entry of the program with its arguments,
-    ``api`` bound."""
+    in-cluster one (its first retry at once): its ``entry`` called with ``arguments`` (Python
+    source, ``api`` bound)."""
     from eks_pd_serving import rollout
 
     program = Path(rollout.__file__).parent / rollout.FILE_NAME
     driver = (
         f"import runpy, sys; ns = runpy.run_path({str(program)!r}); api = ns['Api']({base!r}, 'test-token'); "
-        f"api.retry_first_s = 0.01; sys.exit(ns[{call.split('(', 1)[0]!r}]({call.split('(', 1)[1]})"
+        f"api.retry_first_s = 0.01; sys.exit(ns[{entry!r}]({arguments}))"
     )
     return subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, timeout=60, check=False)
 

@@ -58,14 +58,13 @@ class Output:
         self._thread.join(timeout=30)
 
 
-def _names(known: tuple[str, ...], what: str) -> Any:
+def _names(known: tuple[str, ...]) -> Any:
     def parse(value: str) -> tuple[str, ...]:
         chosen = tuple(v.strip() for v in value.split(",") if v.strip())
         if not chosen or any(v not in known for v in chosen):
             raise argparse.ArgumentTypeError(f"{value!r}: name one or more of {','.join(known)}, comma-separated")
         return tuple(k for k in known if k in chosen)  # always in the rehearsal's order
 
-    parse.__name__ = what  # argparse names the type in its error line
     return parse
 
 
@@ -85,9 +84,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-control", action="store_true",
                         help="skip the colocated control (saves an engine start on a GPU)")  # fmt: skip
     keys = registry.KEYS
-    parser.add_argument("--faults", type=_names(keys, "faults"), default=keys,
+    parser.add_argument("--faults", type=_names(keys), default=keys,
                         help=f"comma-separated, of {','.join(keys)} (all)")  # fmt: skip
-    parser.add_argument("--updates", type=_names(tuple(UPDATES), "updates"), default=tuple(UPDATES),
+    parser.add_argument("--updates", type=_names(tuple(UPDATES)), default=tuple(UPDATES),
                         help=f"the update fault's changes, of {','.join(UPDATES)} (all)")  # fmt: skip
     parser.add_argument("--control-load-s", type=float, default=0.0,
                         help="also serve the colocated control under the clients' load this long; its texts count "

@@ -136,8 +136,9 @@ def run(
     window = window_s or deadline_s
     return run_rollout_program(
         base,
-        f"converge(api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, window_s={window!r}, "
-        f"job={JOB!r}, poll_s=0.05)",
+        "converge",
+        f"api, {NS!r}, {NAME!r}, {digest!r}, {deadline_s!r}, bounds={bounds!r}, window_s={window!r}, "
+        f"job={JOB!r}, poll_s=0.05",
     )
 
 

@@ -104,8 +104,8 @@ def run(base: str, target: dict[str, Any], step_s: float = 10) -> subprocess.Com
     """The program in serve mode as the Job runs it, with a test's API, no settle wait, fast polls."""
     return run_rollout_program(
         base,
-        f"roll_serve(api, {NS!r}, {NAME!r}, {dump(target)!r}, {step_s!r}, job={JOB!r}, poll_s=0.02, settle_s=0.0, "
-        f"code={CODE!r})",
+        "roll_serve",
+        f"api, {NS!r}, {NAME!r}, {dump(target)!r}, {step_s!r}, job={JOB!r}, poll_s=0.02, settle_s=0.0, code={CODE!r}",
     )
 
 

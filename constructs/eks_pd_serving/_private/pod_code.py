@@ -21,15 +21,6 @@ def digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def constant(text: str, file_name: str, name: str) -> Any:
-    """The literal a module-level ``name = ...`` assigns in ``text`` (read, not imported: the pod
-    modules import what the package does not have, Ray or the pod's paths)."""
-    for node in ast.parse(text).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{file_name} defines no {name}")
-
-
 @dataclass(frozen=True)
 class Shipped:
     """One pod program as its package's face hands it on: ``file_name`` beside ``package_file``
@@ -57,7 +48,8 @@ class Shipped:
         return found
 
     def constant(self, name: str) -> Any:
-        """The literal the module assigns to ``name`` (read, not imported)."""
+        """The literal the module assigns to ``name`` (read, not imported: the pod modules import
+        what the package does not have, Ray or the pod's paths)."""
         if name not in self._assigned:
             raise LookupError(f"{self.file_name} defines no {name}")
         return ast.literal_eval(self._assigned[name])

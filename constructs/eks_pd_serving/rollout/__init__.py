@@ -72,7 +72,7 @@ source = _CODE.source
 source_digest = _CODE.digest
 
 
-_constant = cache(_CODE.constant)
+_constant = _CODE.constant  # parsed once (pod_code.Shipped)
 
 
 @cache

@@ -5,8 +5,6 @@ module imports Ray; its names are read here from its text, so the package does n
 
 from __future__ import annotations
 
-from functools import cache
-
 from ..._private import pod_code
 
 MODULE = "eks_pd_failover"
@@ -19,7 +17,7 @@ source = _CODE.source
 source_digest = _CODE.digest
 
 
-_constant = cache(_CODE.constant)
+_constant = _CODE.constant  # parsed once (pod_code.Shipped)
 
 
 def import_paths() -> dict[str, str]:

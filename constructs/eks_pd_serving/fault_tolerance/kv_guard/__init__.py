@@ -5,8 +5,6 @@ its text, so the package does not need Ray."""
 
 from __future__ import annotations
 
-from functools import cache
-
 from ..._private import pod_code
 
 MODULE = "eks_pd_kv_guard"
@@ -21,7 +19,7 @@ source = _CODE.source
 source_digest = _CODE.digest
 
 
-_constant = cache(_CODE.constant)
+_constant = _CODE.constant  # parsed once (pod_code.Shipped)
 
 
 def engine_cls() -> str:

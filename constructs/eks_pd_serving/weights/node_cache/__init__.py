@@ -6,7 +6,6 @@ are read here from its text, so the package does not need Ray."""
 from __future__ import annotations
 
 import hashlib
-from functools import cache
 
 from ..._private import pod_code
 
@@ -26,9 +25,8 @@ source = _CODE.source
 source_digest = _CODE.digest
 
 
-@cache
 def callback_class() -> str:
-    return str(pod_code.constant(source(), FILE_NAME, "CALLBACK_CLASS"))
+    return str(_CODE.constant("CALLBACK_CLASS"))
 
 
 def weights_folder(model_source: str, revision: str) -> str:
