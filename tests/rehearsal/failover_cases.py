@@ -27,6 +27,8 @@ class EngineDeadError(RuntimeError):
 
 # The first replica of the "one_of_two" app to start refuses (503); the other serves.
 FIRST_REPLICA = Path(os.environ.get("TMPDIR", "/tmp")) / f"eks-pd-failover-cases-{os.getpid()}"
+# Each call the "two_that_die" app's replicas take, a line.
+DEATHS = Path(os.environ.get("TMPDIR", "/tmp")) / f"eks-pd-failover-deaths-{os.getpid()}"
 
 
 @serve.deployment(max_ongoing_requests=8)
@@ -46,7 +48,10 @@ class Engine:
         behaviour = self.behaviour
         if behaviour == "dies":
             os._exit(1)  # the replica's process, mid-request, before any chunk
-        if behaviour == "raises":
+        if behaviour == "two_that_die":
+            with DEATHS.open("a") as calls:
+                calls.write("called\n")
+        if behaviour in ("raises", "two_that_die"):
             raise EngineDeadError("the engine died")
         if behaviour == "client_error":
             raise ValueError("Must setup lora config for multiplexed requests.")
@@ -92,6 +97,14 @@ async def main() -> None:
 
     reason, _ = await refused(handle("raises"))
     assert "EngineDeadError" in reason, reason
+    try:
+        await collect(handle("raises"))
+    except failover.Refused as error:
+        assert error.died, error  # its request may have killed it: replayed nowhere
+    try:
+        await collect(handle("503"))
+    except failover.Refused as error:
+        assert not error.died, error  # an answer, not a death: the other engine may take it
     reason, took = await refused(handle("hangs"), first_s=1.0)
     assert "no answer within 1 s" in reason and took < 3, (reason, took)
     print("ok an engine that raises, or answers later than first_s, is refused before any chunk")
@@ -110,6 +123,18 @@ async def main() -> None:
     assert took < 30 and "no replica" not in reason, (reason, took)
     print(f"  the dead replica's refusal: {reason}")
     print("ok a replica that dies before its first chunk is refused")
+
+    # Two replicas whose engines die on every request: the request that killed one is not offered
+    # to the other (a request that kills one engine would kill them all).
+    deaths = handle("two_that_die")
+    try:
+        await collect(deaths)
+    except failover.Refused as error:
+        assert error.died and error.replica is not None, error
+    assert len(DEATHS.read_text().splitlines()) == 1, DEATHS.read_text()  # one replica saw it, not two
+    assert failover.died(chunk=ErrorResponse(error=ErrorInfo(message="EngineCore encountered an issue.", type="X", code=500)))
+    assert not failover.died(chunk=ErrorResponse(error=ErrorInfo(message="EngineDeadError", type="X", code=400)))
+    print("ok a request whose dispatch ended in its engine's death is retried on no other replica")
 
     # A client's own error (here Ray's answer to an adapter id without adapters) is not the engine's:
     # it passes through as the error it is, and the next request is served as before.
@@ -154,13 +179,69 @@ async def main() -> None:
     def chat(*messages: tuple[str, str]) -> Any:
         return ChatCompletionRequest(model="m", messages=[{"role": r, "content": c} for r, c in messages])
 
-    assert failover.prompt_chars(chat(("system", "  sys  "), ("user", "hello\n"), ("assistant", "x" * 999))) == 8
+    assert failover.prompt_chars(chat(("system", "  sys  "), ("user", "hello\n"), ("assistant", "x" * 999))) == 1007
+    # An assistant's text counts from its last reasoning block's end (templates drop what precedes).
+    assert failover.prompt_chars(chat(("assistant", "r" * 500 + "</think> answer"))) == 6
     assert failover.too_long(chat(("user", "a" * 100)), 100) is None  # fits: never refused at the bound
     refusal = failover.too_long(chat(("user", "a" * 101)), 100)
     assert refusal is not None and refusal.error.code == 400 and refusal.error.param == "messages"
     assert failover.too_long(CompletionRequest(model="m", prompt="b" * 101), 100).error.param == "prompt"
     assert failover.too_long(chat(("user", "a" * 10**6)), None) is None  # no bound known: the engine decides
     print("ok a prompt past max_model_len at the longest token is 400 before any tokenizer; one within is not")
+
+    # Every string a template renders counts; so do token ids and the number of messages.
+    assistant = ChatCompletionRequest(model="m", messages=[{"role": "assistant", "content": "a" * 2000}])
+    assert failover.too_long(assistant, 1000).error.param == "messages"
+    tool = {"type": "function", "function": {"name": "f", "description": "d" * 2000, "parameters": {}}}
+    assert failover.too_long(ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool]), 1000)
+    calls = [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "x" * 2000}}]
+    assert failover.too_long(ChatCompletionRequest(model="m", messages=[{"role": "assistant", "tool_calls": calls}]), 1000)
+    thinking = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": "y" * 2000})
+    assert failover.too_long(thinking, 1000)
+    ids = CompletionRequest(model="m", prompt=list(range(4097)))
+    assert "4097 token ids" in failover.too_long(ids, None, 4096).error.message
+    assert failover.too_long(CompletionRequest(model="m", prompt=list(range(4096))), None, 4096) is None
+    many = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": ""}] * 9)
+    assert "9 messages" in failover.too_long(many, None, 8).error.message
+    print("ok every role, tool call, tool schema and template option counts; token ids and messages by number")
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}}
+    assert failover.request_refusal(body, "chat") is None
+    for extra, param in (
+        ({"vllm_xargs": {"kv_transfer_params": ""}}, "vllm_xargs.kv_transfer_params"),
+        ({"vllm_xargs": {"ec_transfer_params": []}}, "vllm_xargs.ec_transfer_params"),
+        ({"kv_transfer_params": {}}, "kv_transfer_params"),
+        ({"chat_template": "{{ x }}"}, "chat_template"),
+        ({"chat_template_kwargs": {"chat_template": "{{ x }}"}}, "chat_template_kwargs.chat_template"),
+        ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
+        ({"chat_template_kwargs": {"enable_thinking": {"nested": 1}}}, "chat_template_kwargs.enable_thinking"),
+        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "extra": 1}]}]}, "messages[0].content[0].extra"),
+        ({"request_id": "another-clients-id"}, "request_id"),
+        ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools"),
+    ):
+        refusal = failover.request_refusal({**body, **extra}, "chat")
+        assert refusal is not None and refusal.error.code == 400 and refusal.error.param == param, (extra, refusal)
+    assert failover.request_refusal({**body, "chat_template": "{{ x }}"}, "chat", trust_templates=True) is None
+    completion = {"model": "m", "prompt": [[1, 2], [3]], "max_tokens": 4}
+    assert failover.request_refusal(completion, "completions") is None
+    assert failover.request_refusal({**completion, "prompt_embeds": "x"}, "completions").error.param == "prompt_embeds"
+    print("ok a request is read through an allowlist at every depth: anything else is 400 naming it")
+
+    request = CompletionRequest(model="m", prompt="p", kv_transfer_params={"a": 1}, vllm_xargs={"kv_transfer_params": "", "x": 1})
+    failover.scrub(request)
+    assert (request.kv_transfer_params, request.vllm_xargs) == (None, None)
+    request = CompletionRequest(model="m", prompt="p", kv_transfer_params={"do_remote_decode": True}, vllm_xargs={"kv_transfer_params": ""})
+    failover.scrub(request, keep_transfer=True)  # decode's own, on prefill's side
+    assert (request.kv_transfer_params, request.vllm_xargs) == ({"do_remote_decode": True}, None)
+    now = [0.0]
+    poisoned = failover.Poisoned(cooldown_s=5.0, clock=lambda: now[0])
+    poisoned.add(request)
+    same = CompletionRequest(model="m", prompt="p", kv_transfer_params={"do_remote_decode": True}, stream=True)
+    assert poisoned.holds(same) and not poisoned.holds(CompletionRequest(model="m", prompt="q"))
+    now[0] = 5.0
+    assert not poisoned.holds(same)  # for the cooldown only
+    assert failover.poisoned_refusal("decode").error.code == 503
+    print("ok engines clear the orchestrator's fields on every path; a body that killed an engine is refused for the cooldown")
 
     for bad in (None, {"wait_s": 0, "prefill_timeout_s": 1}, {"wait_s": 1, "prefill_timeout_s": 1, "x": 1}):
         try:
@@ -201,6 +282,7 @@ if __name__ == "__main__":
         ]
         two = Engine.options(num_replicas=2)  # type: ignore[attr-defined]
         targets.append(RunTarget(two.bind("one_of_two"), name="one_of_two", route_prefix=None))
+        targets.append(RunTarget(two.bind("two_that_die"), name="two_that_die", route_prefix=None))
         serve.run_many(targets)
         no_node = {"num_cpus": 0, "resources": {"no-such-node": 1}}
         unplaceable = Engine.options(ray_actor_options=no_node)  # type: ignore[attr-defined]

@@ -55,10 +55,12 @@ upstream definition per Ray version, and a test fails when the installed Ray's d
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import sys
 import time
 from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +98,8 @@ ARGS_KEY = "failover"
 # A phase's args: ``llm_config`` (Ray's LLMConfig) and ``pair``, the digest of what its KV must
 # agree on with the other phase's (model, weights, dtype, KV transfer); decode's also ``prefill``
 # (``{"app": ..., "deployment": ...}``). The ingress's: ``models``, one ``{"model_id",
-# "max_model_len", "adapters", "decode", "prefill"}`` each.
+# "max_model_len", "adapters", "decode", "prefill", "trust_request_chat_template"}`` each.
+INGRESS_MODEL_KEYS = ("model_id", "max_model_len", "adapters", "decode", "prefill", "trust_request_chat_template")
 PAIR_MISMATCH_TYPE = "PdPairMismatch"
 METRIC = "eks_pd_requests_by_path"
 INGRESS_NAME = "OpenAiIngress"
@@ -114,8 +117,105 @@ REFUSED_TYPE = "PdPairUnavailable"
 REFUSAL = "neither the decode nor the prefill engine can serve now; nothing was generated. Retry after {} s."
 
 # The orchestrator's fields, never a client's (Ray 2.58 asserts the first is empty before any
-# engine sees a request: engines/vllm/kv_transfer/base.py).
+# engine sees a request: engines/vllm/kv_transfer/base.py). vLLM also reads them from a request's
+# ``vllm_xargs`` (copied into ``SamplingParams.extra_args``, read by the engine core): a non-dict
+# there kills the engine core's busy loop.
 ORCHESTRATOR_FIELDS = ("kv_transfer_params", "ec_transfer_params")
+
+# What a client may send, read through an allowlist at every depth: a field (or a key inside one)
+# that is not below is refused with 400 and its path as ``param``, before any engine or tokenizer
+# reads it. SCALAR: a JSON string, number, boolean or null; ANY: any JSON (a schema the client
+# writes, rendered into the prompt and counted by the bound, never read as engine state); a dict:
+# those keys, each of its shape; a one-item list: a list of that shape; a tuple: one of those shapes,
+# chosen by the value's JSON type.
+SCALAR = "scalar"
+ANY = "any"
+_TEXT_PART = {"type": SCALAR, "text": SCALAR}
+_MEDIA_PARTS = {
+    "image_url": {"url": SCALAR, "detail": SCALAR},
+    "input_audio": {"data": SCALAR, "format": SCALAR},
+    "video_url": {"url": SCALAR},
+}
+_PART = {**_TEXT_PART, **_MEDIA_PARTS}
+_CONTENT = (SCALAR, [_PART])
+_FUNCTION_CALL = {"name": SCALAR, "arguments": SCALAR}
+_MESSAGE = {
+    "role": SCALAR,
+    "content": _CONTENT,
+    "name": SCALAR,
+    "tool_calls": [{"id": SCALAR, "type": SCALAR, "function": _FUNCTION_CALL}],
+    "tool_call_id": SCALAR,
+    "reasoning_content": SCALAR,
+    "reasoning": SCALAR,
+    "refusal": SCALAR,
+}
+_TOOL = {"type": SCALAR, "function": {"name": SCALAR, "description": SCALAR, "parameters": ANY, "strict": SCALAR}}
+# The keys of ``vllm_xargs`` a client may set: nothing in this deployment reads one, so none.
+VLLM_XARGS: tuple[str, ...] = ()
+# The chat template's own switches a client may set (``chat_template_kwargs``), scalars only. A
+# request's ``chat_template`` (top level or here) is client code run by the tokenizer: refused
+# unless the ingress's ``trust_request_chat_template`` (vLLM's own default refuses it too).
+TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort", "add_vision_id")
+_SAMPLING = {
+    "model": SCALAR,
+    "frequency_penalty": SCALAR,
+    "presence_penalty": SCALAR,
+    "repetition_penalty": SCALAR,
+    "logit_bias": ANY,
+    "logprobs": SCALAR,
+    "max_tokens": SCALAR,
+    "min_tokens": SCALAR,
+    "n": SCALAR,
+    "seed": SCALAR,
+    "stop": (SCALAR, [SCALAR]),
+    "stop_token_ids": [SCALAR],
+    "include_stop_str_in_output": SCALAR,
+    "ignore_eos": SCALAR,
+    "stream": SCALAR,
+    "stream_options": {"include_usage": SCALAR, "continuous_usage_stats": SCALAR},
+    "temperature": SCALAR,
+    "top_p": SCALAR,
+    "top_k": SCALAR,
+    "min_p": SCALAR,
+    "user": SCALAR,
+    "skip_special_tokens": SCALAR,
+    "spaces_between_special_tokens": SCALAR,
+    "add_special_tokens": SCALAR,
+    "response_format": {"type": SCALAR, "json_schema": {"name": SCALAR, "description": SCALAR, "schema": ANY, "strict": SCALAR}},
+    "vllm_xargs": {key: SCALAR for key in VLLM_XARGS},
+}
+REQUEST_SHAPES: dict[str, dict[str, Any]] = {
+    "chat": {
+        **_SAMPLING,
+        "messages": [_MESSAGE],
+        "max_completion_tokens": SCALAR,
+        "top_logprobs": SCALAR,
+        "tools": [_TOOL],
+        "tool_choice": (SCALAR, {"type": SCALAR, "function": {"name": SCALAR}}),
+        "parallel_tool_calls": SCALAR,
+        "reasoning_effort": SCALAR,
+        "include_reasoning": SCALAR,
+        "add_generation_prompt": SCALAR,
+        "continue_final_message": SCALAR,
+        "documents": [{"title": SCALAR, "text": SCALAR}],
+        "chat_template_kwargs": {key: SCALAR for key in TEMPLATE_KWARGS},
+    },
+    "completions": {
+        **_SAMPLING,
+        "prompt": (SCALAR, [(SCALAR, [SCALAR])]),
+        "echo": SCALAR,
+        "suffix": SCALAR,
+    },
+}
+# What a trusted request template adds (``trust_request_chat_template``).
+_TRUSTED_TEMPLATE = {"chat_template": SCALAR}
+# OpenAI's own cap on a request's tools.
+MAX_TOOLS = 128
+# The short-prompt count's own threads (a template render can be slow; a thread cannot be
+# cancelled): at most this many at once, each awaited at most COUNT_TIMEOUT_S, after which the
+# request takes the standard path and the count's result is dropped.
+COUNT_THREADS = 2
+COUNT_TIMEOUT_S = 0.5
 # What says a replica, its actor or its engine is gone, by class name anywhere in the exception's
 # MRO (Ray hands a replica's exception on as ``RayTaskError(<its class>)``, a subclass of both).
 UNAVAILABLE = frozenset(
@@ -129,6 +229,18 @@ UNAVAILABLE = frozenset(
         "EngineDeadError",
     }
 )
+# What says an engine or its replica's actor died while serving a request (by class name in an
+# exception's MRO, or named in a 5xx first chunk): that request may have killed it, so it is
+# replayed on no other replica and no other phase (``Poisoned``), and gets POISONED_TYPE's 503.
+DIED = frozenset({"EngineDeadError", "ActorDiedError"})
+DIED_TEXTS = ("EngineCore encountered an issue",)
+POISONED_TYPE = "PdEngineDied"
+POISONED = (
+    "the {phase} engine died while serving this request; it is not sent to the other engine, which "
+    "refuses the same request for {after} s. Nothing was generated."
+)
+# At most this many poisoned bodies are remembered at once (each for COOLDOWN_S).
+POISONED_KEPT = 1024
 # How many replicas of one phase a request tries before the other engine, and how long it waits
 # for the router to choose another one (a phase of one replica answers at once: only the failed one).
 REPLICAS_TRIED = 2
@@ -167,6 +279,7 @@ UPSTREAM: dict[str, str] = {
 }
 
 logger = logging.getLogger("ray.serve")
+COUNTS = ThreadPoolExecutor(max_workers=COUNT_THREADS, thread_name_prefix="eks-pd-count")
 
 
 @dataclass(frozen=True)
@@ -201,11 +314,46 @@ DEFAULT_FAILOVER = Failover(wait_s=2.0, prefill_timeout_s=30.0, short_prompt_tok
 
 class Refused(Exception):
     """An engine did not take the request before its first chunk: nothing was sent to the client.
-    ``replica``: the replica that failed it (None: no replica was chosen)."""
+    ``replica``: the replica that failed it (None: no replica was chosen). ``died``: the dispatch
+    ended in its engine's or actor's death (``died``), which the request may have caused: it is
+    replayed nowhere."""
 
-    def __init__(self, reason: str, replica: str | None = None) -> None:
+    def __init__(self, reason: str, replica: str | None = None, died: bool = False) -> None:
         super().__init__(reason)
         self.replica = replica
+        self.died = died
+
+
+class Poisoned:
+    """Bodies whose dispatch ended in an engine's death, by digest, each kept ``cooldown_s``: the other
+    phase refuses them meanwhile, so one request never takes down both engines."""
+
+    def __init__(self, cooldown_s: float = COOLDOWN_S, clock: Any = time.monotonic) -> None:
+        self.cooldown_s, self.clock = cooldown_s, clock
+        self._until: dict[str, float] = {}
+
+    @staticmethod
+    def digest(request: Any) -> str:
+        try:
+            text = request.model_dump_json(exclude={"stream", "stream_options", "request_id"})
+        except Exception:
+            text = repr(request)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def add(self, request: Any) -> None:
+        now = self.clock()
+        self._until = {k: t for k, t in self._until.items() if t > now}
+        if len(self._until) < POISONED_KEPT:
+            self._until[self.digest(request)] = now + self.cooldown_s
+
+    def holds(self, request: Any) -> bool:
+        return self._until.get(self.digest(request), 0.0) > self.clock()
+
+
+def poisoned_refusal(phase: str) -> ErrorResponse:
+    """The 503 of a request whose dispatch ended in ``phase``'s engine dying: it is not replayed."""
+    message = POISONED.format(phase=phase, after=int(COOLDOWN_S))
+    return ErrorResponse(error=ErrorInfo(message=message, type=POISONED_TYPE, code=503))
 
 
 class Breaker:
@@ -239,6 +387,18 @@ class Breaker:
     def released(self) -> None:
         """A probe ended without a verdict on the engine (the client went away, or its own error)."""
         self.probing = False
+
+
+def died(error: BaseException | None = None, chunk: Any = None) -> bool:
+    """Whether an exception (``DIED``, by class name in its MRO) or a first chunk (a 5xx naming
+    ``DIED``) says the engine or its replica's actor died while serving."""
+    if error is not None:
+        return any(cls.__name__ in DIED for cls in type(error).__mro__)
+    found = error_of(chunk)
+    if found is None or (found.error.code or 500) < 500:
+        return False
+    text = f"{found.error.type} {found.error.message}"
+    return any(name in text for name in (*DIED, *DIED_TEXTS))
 
 
 def unavailable(error: BaseException) -> bool:
@@ -276,6 +436,8 @@ async def attempt(
                 yield chunk
             return
         except Refused as refused:
+            if refused.died:  # the request may have killed it: no other replica takes it
+                raise
             if refused.replica is None:  # no replica (no other one): the first refusal says why
                 raise (first_refusal or refused) from None
             if len(failed) >= tries:
@@ -331,13 +493,13 @@ async def attempt_one(
             if not unavailable(error):  # the request's own error (its model, its input): not the phase's
                 raise
             avoid.add(replica)
-            raise Refused(f"{type(error).__name__}: {error}"[:300], replica) from None
+            raise Refused(f"{type(error).__name__}: {error}"[:300], replica, died(error)) from None
         reason = retryable(first)
         if reason is not None:
             async for _ in stream:  # drained inside the selection, as Serve asks
                 pass
             avoid.add(replica)
-            raise Refused(reason, replica)
+            raise Refused(reason, replica, died(chunk=first))
         yield first
         async for chunk in stream:
             yield chunk
@@ -382,31 +544,154 @@ def bad_request(message: str, param: str | None = None) -> ErrorResponse:
     return ErrorResponse(error=ErrorInfo(message=message, type="BadRequestError", code=400, param=param))
 
 
+def _off_shape(value: Any, shape: Any, path: str) -> str | None:
+    """The path of the first part of ``value`` that ``shape`` does not allow (``REQUEST_SHAPES``), or None."""
+    if shape == ANY:
+        return None
+    if isinstance(shape, tuple):  # one of several shapes: the one for the value's JSON type
+        kind = dict if isinstance(value, dict) else list if isinstance(value, list) else str
+        for option in shape:
+            if (kind is str and option == SCALAR) or isinstance(option, kind):
+                return _off_shape(value, option, path)
+        return path
+    if shape == SCALAR:
+        return None if value is None or isinstance(value, (str, int, float, bool)) else path
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return path
+        for index, item in enumerate(value):
+            off = _off_shape(item, shape[0], f"{path}[{index}]")
+            if off is not None:
+                return off
+        return None
+    if not isinstance(value, dict):
+        return path
+    for key, item in value.items():
+        where = f"{path}.{key}" if path else str(key)
+        if key not in shape:
+            return where
+        off = _off_shape(item, shape[key], where)
+        if off is not None:
+            return off
+    return None
+
+
+def request_refusal(fields: Any, method: str, trust_templates: bool = False) -> ErrorResponse | None:
+    """400 for a request (its JSON as the client sent it) with a field or key this deployment does
+    not serve, at any depth (``REQUEST_SHAPES``), naming it as ``param``; else None."""
+    shape = REQUEST_SHAPES[method]
+    if trust_templates and method == "chat":
+        kwargs = {**shape["chat_template_kwargs"], **_TRUSTED_TEMPLATE}
+        shape = {**shape, **_TRUSTED_TEMPLATE, "chat_template_kwargs": kwargs}
+    off = _off_shape(fields, shape, "")
+    if off is None:
+        tools = fields.get("tools") if isinstance(fields, dict) else None
+        if isinstance(tools, list) and len(tools) > MAX_TOOLS:
+            return bad_request(f"A request may carry at most {MAX_TOOLS} tools; this one has {len(tools)}.", "tools")
+        return None
+    top = off.split(".", 1)[0].split("[", 1)[0]
+    if top in ORCHESTRATOR_FIELDS or off.startswith("vllm_xargs."):
+        why = "is set by the server between its engines; a request may not carry it"
+    elif off.endswith("chat_template") or top == "chat_template":
+        why = "is a template the tokenizer would run; this deployment does not trust request templates"
+    else:
+        why = "is not a field this deployment serves, or not of the type it takes"
+    return bad_request(f"'{off}' {why}.", off)
+
+
+def scrub(request: Any, keep_transfer: bool = False) -> None:
+    """Clears what only the orchestrator sets, on every engine path whatever the ingress did:
+    ``kv_transfer_params`` and ``ec_transfer_params`` (unless ``keep_transfer``: decode's own, on
+    prefill's side) and every ``vllm_xargs`` key but ``VLLM_XARGS``."""
+    if not keep_transfer:
+        for field in ORCHESTRATOR_FIELDS:
+            if getattr(request, field, None) is not None:
+                setattr(request, field, None)
+    xargs = getattr(request, "vllm_xargs", None)
+    if xargs is not None:
+        kept = {k: v for k, v in xargs.items() if k in VLLM_XARGS} if isinstance(xargs, dict) else {}
+        request.vllm_xargs = kept or None
+
+
+def client_fields(body: Any) -> dict[str, Any]:
+    """What the client sent, as JSON: the fields it set and any extra ones vLLM's models keep."""
+    return body.model_dump(mode="json", exclude_unset=True)
+
+
+REASONING_END = "</think>"
+
+
+def _texts(value: Any, keys: bool = False) -> list[str]:
+    """Every string inside ``value``, depth first; with ``keys``, the mappings' keys too (a schema
+    rendered as JSON)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [t for k, v in value.items() for t in (*([k] if keys else []), *_texts(v, keys))]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _texts(item, keys)]
+    return []
+
+
+def _dumped(item: Any) -> Any:
+    return item.model_dump(mode="json", exclude_unset=True) if hasattr(item, "model_dump") else item
+
+
 def prompt_chars(request: Any) -> int:
-    """A lower bound of the characters any chat template renders of the prompt, in O(1) per
-    message: each system, user or tool message's text but its leading and trailing whitespace
-    (templates trim its ends at most; an assistant message is left out: templates may drop its
-    reasoning), or the completion prompt's."""
+    """The characters a chat template can render of the request, each counted once, in one pass: every
+    message of every role (an assistant's text from its last reasoning block's end: templates drop
+    what comes before; its reasoning fields and tool calls, names and arguments, in full), the tools'
+    schemas, the documents and the template options' values; or the completion prompt's text. Each
+    string but its leading and trailing whitespace (templates trim its ends at most)."""
     texts: list[str] = []
     if isinstance(request, ChatCompletionRequest):
         for message in request.messages:
-            get = message.get if isinstance(message, dict) else lambda key, m=message: getattr(m, key, None)
-            if get("role") == "assistant":
+            message = _dumped(message)
+            if not isinstance(message, dict):
                 continue
-            content = get("content")
-            if isinstance(content, str):
-                texts.append(content)
-            elif isinstance(content, list):
-                texts += [p.get("text") or "" for p in content if isinstance(p, dict)]
-    elif isinstance(request.prompt, str):
-        texts.append(request.prompt)
-    elif isinstance(request.prompt, list):
-        texts += [p for p in request.prompt if isinstance(p, str)]
+            for key, value in message.items():
+                if key == "content" and message.get("role") == "assistant" and isinstance(value, str):
+                    texts.append(value.rpartition(REASONING_END)[2])
+                elif key != "role":
+                    texts += _texts(value)
+        texts += _texts([_dumped(t) for t in request.tools or []], keys=True)
+        texts += _texts(getattr(request, "documents", None))
+        texts += _texts(list((request.chat_template_kwargs or {}).values()))
+    else:
+        texts += [p for p in (request.prompt if isinstance(request.prompt, list) else [request.prompt]) if isinstance(p, str)]
     return sum(len(text.strip()) for text in texts)
 
 
-def too_long(request: Any, chars_limit: int | None) -> ErrorResponse | None:
-    """400 when the prompt's characters (``prompt_chars``) exceed ``chars_limit``, else None."""
+def prompt_ids(request: Any) -> list[int]:
+    """The length of each token-id prompt of a completion request (a list of ids, or a list of them)."""
+    prompt = getattr(request, "prompt", None)
+    if not isinstance(prompt, list) or not prompt:
+        return []
+    if all(isinstance(p, int) for p in prompt):
+        return [len(prompt)]
+    return [len(p) for p in prompt if isinstance(p, list)]
+
+
+def too_long(request: Any, chars_limit: int | None, max_model_len: int | None = None) -> ErrorResponse | None:
+    """400 when the request cannot fit ``max_model_len`` tokens, counted without a tokenizer: more
+    messages than it has tokens (each renders at least one), a token-id prompt longer, or more
+    characters (``prompt_chars``) than ``chars_limit``; else None."""
+    chat = isinstance(request, ChatCompletionRequest)
+    param = "messages" if chat else "prompt"
+    if max_model_len is not None:
+        if chat and len(request.messages) > max_model_len:
+            return bad_request(
+                f"The request has {len(request.messages)} messages, more than this model's max_model_len "
+                f"({max_model_len}) tokens can hold. Send fewer.",
+                param,
+            )
+        longest = max(prompt_ids(request), default=0)
+        if longest > max_model_len:
+            return bad_request(
+                f"The prompt has {longest} token ids, more than this model's max_model_len ({max_model_len}). "
+                "Shorten it.",
+                param,
+            )
     if chars_limit is None:
         return None
     chars = prompt_chars(request)
@@ -415,7 +700,7 @@ def too_long(request: Any, chars_limit: int | None) -> ErrorResponse | None:
     return bad_request(
         f"The prompt has {chars} characters, more than this model's max_model_len tokens can "
         f"hold (at most {chars_limit} characters). Shorten it.",
-        "messages" if isinstance(request, ChatCompletionRequest) else "prompt",
+        param,
     )
 
 
@@ -459,17 +744,18 @@ class _Prompts:
     async def _oversized(self, request: Any) -> ErrorResponse | None:
         """400 for a prompt that cannot fit ``max_model_len`` tokens (``prompt_chars_limit``): no
         tokenizer reads it. None when it may fit, or when the bound is unknown."""
-        return too_long(request, await self.prompt_chars_limit())
+        return too_long(request, await self.prompt_chars_limit(), self._max_model_len())
 
     async def _prompt_tokens(self, request: Any) -> int | None:
         """The prompt's length by this engine's tokenizer over what the chat template renders (the
-        request's tools and template options included), in a thread; None if unknown. Ray's
+        request's tools, documents and the template options vLLM would pass it), in ``COUNTS``'s
+        threads within ``COUNT_TIMEOUT_S``; None if unknown or late (the standard path). Ray's
         ``tokenize`` is refused for generation models, so the tokenizer is vLLM's own."""
         try:
             tokenizer = self._tokenizer()
             if isinstance(request, ChatCompletionRequest):
                 messages = [m if isinstance(m, dict) else m.model_dump() for m in request.messages]
-                options: dict[str, Any] = dict(request.chat_template_kwargs or {})
+                options = template_options(tokenizer, request.chat_template_kwargs or {})
                 if request.tools:
                     options["tools"] = [t if isinstance(t, dict) else t.model_dump() for t in request.tools]
                 if getattr(request, "documents", None):
@@ -491,9 +777,24 @@ class _Prompts:
 
             else:  # token ids, or several prompts: the standard path
                 return None
-            return await asyncio.to_thread(count)
-        except Exception:  # unknown length: the standard path
+            counted = asyncio.get_running_loop().run_in_executor(COUNTS, count)
+            return await asyncio.wait_for(counted, COUNT_TIMEOUT_S)
+        except Exception:  # unknown length or late: the standard path
             return None
+
+
+def template_options(tokenizer: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The request's template options as vLLM passes them to the model's template: the allowed
+    ``TEMPLATE_KWARGS`` (never ``chat_template`` or ``tokenize``: client code, a count that is not
+    text), and of those only what vLLM's ``resolve_chat_template_kwargs`` keeps for this template."""
+    options = {k: v for k, v in kwargs.items() if k in TEMPLATE_KWARGS}
+    try:
+        from vllm.renderers.hf import resolve_chat_template_kwargs
+
+        template = tokenizer.get_chat_template(None)
+        return dict(resolve_chat_template_kwargs(tokenizer, template, options, raise_on_unexpected=False))
+    except Exception:  # another vLLM's layout: the allowed switches, which are scalars
+        return options
 
 
 class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
@@ -520,6 +821,7 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
         refusal = self._unpaired(pair)
         if refusal is not None:
             return refusal
+        scrub(request, keep_transfer=pair is not None)  # decode's own transfer params only
         oversized = await self._oversized(request)
         return _one(oversized) if oversized is not None else await super().chat(request, raw_request_info)
 
@@ -527,6 +829,7 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
         refusal = self._unpaired(pair)
         if refusal is not None:
             return refusal
+        scrub(request, keep_transfer=pair is not None)
         oversized = await self._oversized(request)
         return _one(oversized) if oversized is not None else await super().completions(request, raw_request_info)
 
@@ -542,6 +845,7 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
         self._failover = DEFAULT_FAILOVER
         self._pair = pair
         self._prefill = Breaker("prefill")
+        self._poisoned = Poisoned()
         self._paths = _Counter()
         handle = other_phase(prefill)
         await super().__init__(llm_config, prefill_server=handle, **kwargs)
@@ -574,10 +878,10 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
 
     async def _pd_handle_request(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
         method = _method(request)
-        for field in ORCHESTRATOR_FIELDS:  # the ingress refuses them; never an engine's from a client
-            if getattr(request, field, None) is not None:
-                setattr(request, field, None)
+        scrub(request)  # the ingress refuses them; never an engine's from a client
         refusal = await self._oversized(request)
+        if refusal is None and self._poisoned.holds(request):  # it killed prefill: not served here too
+            refusal = poisoned_refusal("prefill")
         if refusal is not None:
             yield refusal
             return
@@ -611,6 +915,12 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
                 await chunks.aclose()
         except Refused as refused:
             self._prefill.failed(str(refused))
+            if refused.died:  # this request may have killed prefill: never replayed here
+                self._poisoned.add(request)
+                logger.warning("%s: the prefill engine died serving a request; not replayed on decode", FALLBACK_LINE)
+                self._paths.count("refused")
+                yield poisoned_refusal("prefill")
+                return
         except StopAsyncIteration:
             self._prefill.failed("no answer")
         except BaseException:
@@ -642,15 +952,22 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         *,
         phases: dict[str, dict[str, dict[str, str]]],
         adapters: tuple[str, ...] = (),
+        max_model_lens: dict[str, int | None] | None = None,
+        trusted_templates: tuple[str, ...] = (),
         **kwargs: Any,
     ) -> None:
-        """``phases``: each model's decode and prefill deployments by application and name."""
+        """``phases``: each model's decode and prefill deployments by application and name;
+        ``max_model_lens``: each model's; ``trusted_templates``: the models whose engines trust a
+        request's chat template (vLLM's ``trust_request_chat_template``)."""
         decode = {model: other_phase(where["decode"]) for model, where in phases.items()}
         super().__init__(decode, model_cards, **kwargs)
         self._failover = DEFAULT_FAILOVER
         self._whole = {model: other_phase(where["prefill"]).options(stream=True) for model, where in phases.items()}
         self._adapters = frozenset(adapters)
+        self._max_model_lens = dict(max_model_lens or {})
+        self._trusted_templates = frozenset(trusted_templates)
         self._decode = Breaker("decode")
+        self._poisoned = Poisoned()
         self._paths = _Counter()
         self._chars_limits: dict[str, int | None] = {}
         self._ask_limit_after = 0.0
@@ -676,14 +993,16 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         self._chars_limits[model] = limit
         return limit
 
-    def _client_refusal(self, body: Any) -> JSONResponse | None:
-        """What this ingress answers itself, before any engine: 400 for the orchestrator's fields,
+    def _client_refusal(self, body: Any, call_method: str, fields: Any) -> JSONResponse | None:
+        """What this ingress answers itself, before any engine: 400 for a field or key this
+        deployment does not serve (``request_refusal`` over ``fields``, the JSON the client sent),
         404 for an adapter of a model that has none."""
-        for field in ORCHESTRATOR_FIELDS:
-            if getattr(body, field, None) is not None:
-                message = f"'{field}' is set by the server between its engines; a request may not carry it."
-                return _error_response(400, message, "BadRequestError", field)
         model = getattr(body, "model", None)
+        if call_method in REQUEST_SHAPES:
+            base = model.split(":", 1)[0] if isinstance(model, str) else None
+            refused = request_refusal(fields, call_method, base in self._trusted_templates)
+            if refused is not None:
+                return _error_response(400, refused.error.message, "BadRequestError", refused.error.param)
         if isinstance(model, str) and ":" in model:
             base = model.split(":", 1)[0]
             if base in self._whole and base not in self._adapters:
@@ -711,7 +1030,8 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             from ray.llm._internal.serve.core.ingress.utils import _sanitize_chat_completion_request
 
             body = _sanitize_chat_completion_request(body)
-        refusal = too_long(body, await self._chars_limit(model_id.split(":", 1)[0], decode))
+        base = model_id.split(":", 1)[0]
+        refusal = too_long(body, await self._chars_limit(base, decode), self._max_model_lens.get(base))
         if refusal is not None:  # before it crosses to any engine
             yield refusal
             return
@@ -726,7 +1046,17 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
                 return
             except Refused as refused:
                 self._decode.failed(str(refused))
+                if refused.died:  # this request may have killed decode: never replayed on prefill
+                    self._poisoned.add(body)
+                    logger.warning("%s: the decode engine died serving a request; not replayed", FALLBACK_LINE)
+                    self._paths.count("refused")
+                    yield poisoned_refusal("decode")
+                    return
                 reasons.append(f"decode: {refused}")
+        if self._poisoned.holds(body):  # it killed decode moments ago: prefill is not offered it
+            self._paths.count("refused")
+            yield poisoned_refusal("decode")
+            return
         try:
             chunks = attempt(getattr(whole, call_method), (body, raw), wait_s)
             first = await chunks.__anext__()
@@ -763,7 +1093,8 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
     async def _process_llm_request(self, body: Any, call_method: str, raw_request: Any = None) -> Response:
         """Ray's, after ``_client_refusal``, with the refusal as HTTP 503 and ``Retry-After`` (Ray's
         error path sets no header)."""
-        refusal = self._client_refusal(body)
+        fields = await _sent(body, raw_request)
+        refusal = self._client_refusal(body, call_method, fields)
         if refusal is not None:
             return refusal
         try:
@@ -772,6 +1103,17 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             if error.status_code != 503 or error.type != REFUSED_TYPE:
                 raise
             return _error_response(503, error.message, REFUSED_TYPE, None, {"Retry-After": str(int(COOLDOWN_S))})
+
+
+async def _sent(body: Any, raw_request: Any) -> Any:
+    """The request's JSON as the client sent it (FastAPI has read and kept it), else the fields the
+    parsed body holds as set."""
+    if raw_request is not None:
+        try:
+            return await raw_request.json()
+        except Exception:
+            pass
+    return client_fields(body)
 
 
 def _error_response(
@@ -838,14 +1180,24 @@ def build_ingress_app(args: dict[str, Any]) -> Any:
     models = args.get("models")
     if set(args) != {"models"} or not isinstance(models, list) or not models:
         raise ValueError(f"eks_pd_failover: the ingress's args are models (a list); got {sorted(args)}")
-    phases, cards, adapters = {}, {}, []
+    phases, cards, adapters, lengths, trusted = {}, {}, [], {}, []
     for model in models:
+        unknown = sorted(set(model) - set(INGRESS_MODEL_KEYS))
+        if unknown:
+            raise ValueError(f"eks_pd_failover: an ingress model's keys are {INGRESS_MODEL_KEYS}; got {unknown}")
         model_id = model["model_id"]
         phases[model_id] = {phase: dict(model[phase]) for phase in ("decode", "prefill")}
-        cards[model_id] = to_model_metadata(model_id, _Card(model_id, model.get("max_model_len")))
+        lengths[model_id] = model.get("max_model_len")
+        cards[model_id] = to_model_metadata(model_id, _Card(model_id, lengths[model_id]))
         if model.get("adapters"):
             adapters.append(model_id)
+        if model.get("trust_request_chat_template"):
+            trusted.append(model_id)
     options = {"name": INGRESS_NAME, **FailoverIngress.get_deployment_options(None)}
     return serve.deployment(make_fastapi_ingress(FailoverIngress), **options).bind(
-        model_cards=cards, phases=phases, adapters=tuple(adapters)
+        model_cards=cards,
+        phases=phases,
+        adapters=tuple(adapters),
+        max_model_lens=lengths,
+        trusted_templates=tuple(trusted),
     )
