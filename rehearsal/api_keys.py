@@ -61,7 +61,7 @@ def deployed_code(template_file: Path) -> tuple[str, dict[str, str]] | None:
     (service,) = [o for o in objects if o.get("kind") == "RayService"]
     (group, *_) = service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     env = {e["name"]: e.get("value", "") for e in group["template"]["spec"]["containers"][0].get("env", [])}
-    if proxy.CALLBACK_ENV not in env:
+    if proxy.SECRET_ENV not in env:  # the proxy hook is always on (the body's bound); keys are not
         return None
     (config_map,) = maps
     return config_map["data"][proxy.FILE_NAME], env

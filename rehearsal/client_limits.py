@@ -1,8 +1,14 @@
-"""What a client may not do to the PD pair, probed on the running application (issue 56):
+"""What a client may not do to the PD pair, probed on the running application (issues 56 and 65):
 
-- a request that carries the orchestrator's ``kv_transfer_params`` (naming a listener on this
-  machine as the KV source, or asking for the engine's NIXL address) or ``ec_transfer_params`` is
-  refused with 400, and the listener sees no connection;
+- a request that carries the orchestrator's ``kv_transfer_params`` or ``ec_transfer_params`` (at the
+  top level naming a listener on this machine as the KV source, or inside ``vllm_xargs`` as every
+  JSON type) is refused with 400 naming the field, the listener sees no connection, and no Serve
+  replica or engine process restarts;
+- a request's own chat template (top level, in ``chat_template_kwargs``) and ``tokenize`` are 400;
+- each field a template renders, at 2 MB (assistant text, ``reasoning_content``, tool-call
+  arguments, a tool's description, documents, a template option's value), is 400 before it is
+  tokenized; a token-id prompt past max_model_len is 400 by its length, 2,000,000 of them and a 64 MB
+  body are 413 at the Serve proxy, by Content-Length and chunked;
 - ``<model>:<adapter>`` with no adapters is 404, and the next request still goes disaggregated (no
   breaker opened by a client's error);
 - a 2 MB chat is refused with 400 before it is tokenized, while another client's stream keeps its
@@ -21,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .probes import Endpoint, _chat_body, paths_served
+from .processes import marked_processes
 
 RUNS = 3
 LARGE_CHARS = 2 * 1024 * 1024
@@ -59,9 +66,28 @@ class Listener:
         self.sock.close()
 
 
+# Every JSON type a nested transfer field may take (vLLM's engine core calls .get on any non-None one).
+NESTED_VALUES: dict[str, Any] = {
+    "string": "", "zero": 0, "number": 1.5, "true": True, "null": None, "list": [], "list_of_one": [1],
+    "object": {}, "pull": {"do_remote_prefill": True},
+}  # fmt: skip
+# A JSON body of this size is refused at the Serve proxy (it is over any deployment's bound).
+HUGE_BODY_BYTES = 64 * 1024 * 1024
+TOKEN_IDS = 2_000_000
+
+
+def serving_processes(run_id: str) -> list[int]:
+    """The PIDs of this run's Serve replica processes and the engine processes under them."""
+    found = set()
+    for replica in marked_processes(run_id, "ServeReplica"):
+        found.add(replica.pid)
+        found.update(child.pid for child in replica.children(recursive=True))
+    return sorted(found)
+
+
 def transfer_params(endpoint: Endpoint) -> dict[str, Any]:
-    """Each forbidden field as a client would send it: its status and error type, and what the
-    listener it names saw."""
+    """Each forbidden field as a client would send it, at the top level and nested in ``vllm_xargs``
+    as every JSON type: its status and error ``param``, and what the listener it names saw."""
     listener = Listener()
     found: dict[str, Any] = {}
     pull = {
@@ -78,6 +104,11 @@ def transfer_params(endpoint: Endpoint) -> dict[str, Any]:
         "kv_remote_decode": {"kv_transfer_params": {"do_remote_decode": True, "do_remote_prefill": False}},
         "kv_empty": {"kv_transfer_params": {}},
         "ec_transfer_params": {"ec_transfer_params": {"do_remote_encode": True}},
+        **{
+            f"vllm_xargs.{field} {kind}": {"vllm_xargs": {field: value}}
+            for field in ("kv_transfer_params", "ec_transfer_params")
+            for kind, value in NESTED_VALUES.items()
+        },
     }
     try:
         with endpoint.client(60) as client:
@@ -98,6 +129,84 @@ def transfer_params(endpoint: Endpoint) -> dict[str, Any]:
     finally:
         listener.close()
     found["listener_connections"] = listener.accepted
+    return found
+
+
+def _refusal(answer: Any) -> dict[str, Any]:
+    kind = answer.headers.get("content-type", "")
+    error = (answer.json().get("error") or {}) if kind.startswith("application/json") else {}
+    return {"status": answer.status_code, "param": error.get("param"), "type": error.get("type")}
+
+
+def client_code(endpoint: Endpoint) -> dict[str, Any]:
+    """A request's own chat template (a loop that would hold a tokenizer thread), at the top level
+    and as a template option, and ``tokenize``: each status and ``param``."""
+    loop = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}"
+    extras: dict[str, dict[str, Any]] = {
+        "chat_template": {"chat_template": loop},
+        "chat_template_kwargs.chat_template": {"chat_template_kwargs": {"chat_template": loop}},
+        "chat_template_kwargs.tokenize": {"chat_template_kwargs": {"tokenize": True}},
+    }
+    with endpoint.client(60) as client:
+        return {
+            name: _refusal(client.post("/v1/chat/completions", json={**_chat_body(endpoint, "hi"), **extra}))
+            for name, extra in extras.items()
+        }
+
+
+def rendered_fields(endpoint: Endpoint, max_model_len: int) -> dict[str, Any]:
+    """Each field a chat template renders at ``LARGE_CHARS``, a token-id prompt one past
+    ``max_model_len``: each status, ``param`` and how long the answer took."""
+    large = ("prefill " * (LARGE_CHARS // 8))[:LARGE_CHARS]
+    user = {"role": "user", "content": "hi"}
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": large}}
+    tool = {"type": "function", "function": {"name": "f", "description": large, "parameters": {"type": "object"}}}
+    chats: dict[str, dict[str, Any]] = {
+        "assistant content": {"messages": [user, {"role": "assistant", "content": large}, user]},
+        "reasoning_content": {
+            "messages": [user, {"role": "assistant", "content": "a", "reasoning_content": large}, user]
+        },
+        "tool_calls arguments": {"messages": [user, {"role": "assistant", "tool_calls": [call]}, user]},
+        "a tool's description": {"messages": [user], "tools": [tool]},
+        "documents": {"messages": [user], "documents": [{"title": "t", "text": large}]},
+        "chat_template_kwargs value": {"messages": [user], "chat_template_kwargs": {"enable_thinking": large}},
+    }  # fmt: skip
+    found: dict[str, Any] = {}
+    with endpoint.client(120) as client:
+        for name, extra in chats.items():
+            started = time.monotonic()
+            answer = client.post("/v1/chat/completions", json={**_chat_body(endpoint, "hi"), **extra})
+            found[name] = {**_refusal(answer), "took_s": round(time.monotonic() - started, 3)}
+        body = {"model": endpoint.model_id, "prompt": [7] * (max_model_len + 1), "max_tokens": 4}
+        found["token ids past max_model_len"] = _refusal(client.post("/v1/completions", json=body))
+    return found
+
+
+def huge_bodies(endpoint: Endpoint) -> dict[str, Any]:
+    """What the Serve proxy answers a body over any deployment's bound, by Content-Length and
+    chunked (no length: the proxy counts what it receives), and 2,000,000 token ids."""
+    blob = b'{"model": "m", "prompt": "' + b"x" * HUGE_BODY_BYTES + b'"}'
+
+    def chunks() -> Any:
+        for start in range(0, len(blob), 1 << 20):
+            yield blob[start : start + (1 << 20)]
+
+    found: dict[str, Any] = {}
+    with endpoint.client(120) as client:
+        headers = {"content-type": "application/json"}
+        for name, content in (("64 MB by Content-Length", blob), ("64 MB chunked", chunks())):
+            started = time.monotonic()
+            try:
+                answer = client.post("/v1/completions", content=content, headers=headers)
+                found[name] = {**_refusal(answer), "took_s": round(time.monotonic() - started, 3)}
+            except Exception as error:  # the proxy may close the connection once it answered
+                found[name] = {"status": None, "error": f"{type(error).__name__}: {error}"[:200]}
+        ids = {"model": endpoint.model_id, "prompt": [7] * TOKEN_IDS, "max_tokens": 4}
+        started = time.monotonic()
+        found[f"{TOKEN_IDS} token ids"] = {
+            **_refusal(client.post("/v1/completions", json=ids)),
+            "took_s": round(time.monotonic() - started, 3),
+        }
     return found
 
 
@@ -174,12 +283,18 @@ def large_prompt(endpoint: Endpoint) -> dict[str, Any]:
     }
 
 
-def probe(endpoint: Endpoint) -> dict[str, Any]:
-    return {
+def probe(endpoint: Endpoint, run_id: str, max_model_len: int) -> dict[str, Any]:
+    before = serving_processes(run_id)
+    found = {
         "transfer_params": transfer_params(endpoint),
-        "adapter": adapter_then_next(endpoint),
-        "large_prompt": large_prompt(endpoint),
+        "client_code": client_code(endpoint),
+        "rendered_fields": rendered_fields(endpoint, max_model_len),
+        "huge_bodies": huge_bodies(endpoint),
     }
+    found["processes"] = {"before": before, "after": serving_processes(run_id)}
+    found["adapter"] = adapter_then_next(endpoint)
+    found["large_prompt"] = large_prompt(endpoint)
+    return found
 
 
 def judge(found: dict[str, Any]) -> tuple[bool, list[str]]:
@@ -192,6 +307,14 @@ def judge(found: dict[str, Any]) -> tuple[bool, list[str]]:
         200,
         {"disaggregated": 1.0},
     )
+    code = found["client_code"]
+    code_ok = all(v["status"] == 400 and v["param"] == k for k, v in code.items())
+    rendered = found["rendered_fields"]
+    rendered_ok = all(v["status"] == 400 for v in rendered.values())
+    huge = found["huge_bodies"]
+    huge_ok = all(v["status"] == 413 for v in huge.values())
+    processes = found["processes"]
+    processes_ok = bool(processes["before"]) and processes["before"] == processes["after"]
     large = found["large_prompt"]
     bound = 2 * large["median_gap_alone_s"]
     # The refusal is the verdict; the neighbour's gaps are a measurement on a shared 2-core machine,
@@ -204,6 +327,15 @@ def judge(found: dict[str, Any]) -> tuple[bool, list[str]]:
     lines = [
         f"{verdict(params_ok)}: client transfer params: {sorted(set(statuses.values()))} for {len(statuses)} "
         f"requests, {params['listener_connections']} connections to the listener they named",
+        f"{verdict(processes_ok)}: no engine restarted: {len(processes['before'])} replica and engine processes "
+        f"before the hostile requests, {'the same' if processes_ok else processes['after']} after",
+        f"{verdict(code_ok)}: client templates and tokenize: {sorted({v['status'] for v in code.values()})} "
+        f"for {len(code)} requests",
+        f"{verdict(rendered_ok)}: rendered fields at {LARGE_CHARS // 1024 // 1024} MB and token ids past "
+        f"max_model_len: {sorted({v['status'] for v in rendered.values()})} for {len(rendered)} requests, the "
+        f"slowest in {max(v.get('took_s', 0.0) for v in rendered.values()):.2f} s",
+        f"{verdict(huge_ok)}: bodies at the Serve proxy (64 MB with and without Content-Length, "
+        f"{TOKEN_IDS:,} token ids): {[v['status'] for v in huge.values()]}",
         f"{verdict(adapter_ok)}: an adapter id without adapters: HTTP {adapter['adapter_status']}; the next "
         f"request HTTP {adapter['next_status']} on {adapter['next_paths']}",
         f"{verdict(large_ok)}: a {large['large_chars'] // 1024 // 1024} MB chat: HTTP "
@@ -212,4 +344,5 @@ def judge(found: dict[str, Any]) -> tuple[bool, list[str]]:
         f"({'within' if large['max_gap_beside_large_s'] <= bound else 'over'} twice its median alone, {bound:.3f} s; "
         f"its longest alone {large['max_gap_alone_s']:.3f} s; medians of {large['runs']} runs)",
     ]
-    return params_ok and adapter_ok and large_ok, lines
+    ok = params_ok and processes_ok and code_ok and rendered_ok and huge_ok
+    return ok and adapter_ok and large_ok, lines

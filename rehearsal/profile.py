@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from eks_pd_serving.assembly import kubernetes_objects
+from eks_pd_serving.endpoint import proxy
 from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s import serve_config as serve_config_module
 from eks_pd_serving.weights import node_cache
@@ -27,6 +28,7 @@ from eks_pd_serving.weights import node_cache
 KV_GUARD_CODE = "eks-pd-serving/kv-guard-code"
 FAILOVER_CODE = "eks-pd-serving/failover-code"
 NODE_CACHE_CODE = "eks-pd-serving/node-cache-code"
+API_KEYS_CODE = "eks-pd-serving/api-keys-code"
 # The GPU node's disk (node_cache.CACHE_PATH in the pods) on this machine: the weights' copies and
 # the compile caches land here, as on a node, and outlive the run as they outlive a pod.
 LOCAL_NODE_CACHE = Path(tempfile.gettempdir()) / "eks-pd-rehearsal-node-cache"
@@ -55,9 +57,9 @@ def serve_config(ray_service: dict[str, Any]) -> dict[str, Any]:
 
 def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     """The Ray worker container's literal env, minus what only an EFA pod needs. Its PYTHONPATH
-    names the pods' mounted programs: the KV guard's and the failover's mounts become the package's
-    folders holding the same files (each pod annotation's digest is checked against its file), the
-    key check's is left to ``api_keys.local_keys``, and this process's own PYTHONPATH follows."""
+    names the pods' mounted programs: the KV guard's, the failover's, the node cache's and the proxy
+    checks' mounts become the package's folders holding the same files (each pod annotation's digest
+    is checked against its file), and this process's own PYTHONPATH follows."""
     (group, *_) = ray_service["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     template = group["template"]
     (container,) = template["spec"]["containers"]
@@ -69,6 +71,7 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
         kv_guard.MOUNT_PATH: (kv_guard, KV_GUARD_CODE),
         failover.MOUNT_PATH: (failover, FAILOVER_CODE),
         node_cache.MOUNT_PATH: (node_cache, NODE_CACHE_CODE),
+        proxy.MOUNT_PATH: (proxy, API_KEYS_CODE),
     }
     for folder in env.pop("PYTHONPATH", "").split(":"):
         if folder in programs:

@@ -385,9 +385,23 @@ NODE_CACHE_CODE = "eks-pd-serving/node-cache-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
 
 
+# The largest request body a Serve proxy relays: what max_model_len tokens can spell as JSON, each
+# token of at most BODY_TOKEN_CHARS characters (a bound, not read from the tokenizer: the ingress's
+# character bound, which is, refuses long prompts far below this), each character at most 6 bytes
+# (a JSON "\uXXXX" escape), plus BODY_ALLOWANCE_BYTES for the request's other fields.
+BODY_TOKEN_CHARS = 256
+JSON_BYTES_PER_CHAR = 6
+BODY_ALLOWANCE_BYTES = 1024 * 1024
+
+
+def max_body_bytes(config: DeploymentConfig) -> int:
+    """Every Serve proxy's bound on a request body (``k8s.RayServiceProps.max_body_bytes``)."""
+    return config.max_model_len * BODY_TOKEN_CHARS * JSON_BYTES_PER_CHAR + BODY_ALLOWANCE_BYTES
+
+
 def api_keys_hook(config: DeploymentConfig) -> k8s.ProxyHook:
-    """The key check's code and names, shipped in every configuration (the ConfigMap stays when keys
-    go off: a RayCluster built with them still mounts it)."""
+    """The proxy checks' code and names, shipped in every configuration: the body's bound is always
+    on, the keys when ``api_keys`` (the ConfigMap stays when keys go off)."""
     return k8s.ProxyHook(
         program=_pod_program(f"{config.ray_service_name}-api-keys-code", proxy, API_KEYS_CODE),
         callback_env=proxy.CALLBACK_ENV,
@@ -395,6 +409,7 @@ def api_keys_hook(config: DeploymentConfig) -> k8s.ProxyHook:
         secret_env=proxy.SECRET_ENV,
         refresh_env=proxy.REFRESH_ENV,
         max_stale_env=proxy.MAX_STALE_ENV,
+        max_body_env=proxy.MAX_BODY_ENV,
     )
 
 
@@ -494,6 +509,7 @@ def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8
             weights=f"{config.model_source}@{config.model_revision}",
             local_folder=node_cache.weights_folder(config.model_source, config.model_revision) if local else "",
             fill_callback=node_cache.callback_class() if local else "",
+            trust_request_chat_template=config.trust_request_chat_template,
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),
@@ -537,6 +553,7 @@ def ray_service_props(
         worker_service_account=worker_service_account(config),
         aws_region=region(config) if aws_calls else None,
         api_keys=api_keys,
+        max_body_bytes=max_body_bytes(config),
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),

@@ -107,6 +107,8 @@ def judge(events: list[dict[str, Any]], bound_s: float) -> list[dict[str, Any]]:
                 if restarted is None
                 else sum(o.complete and at < o.ended <= restarted for o in window),
                 "started_while_gcs_down": None if restarted is None else [sum(o.complete for o in down), len(down)],
+                # What a fault's own probes saw (its requests beside the clients' load).
+                "probes": [e for e in events if e["type"] == "probe" and e.get("key") == fault.get("key")],
                 **_kv_link_figures(events, at, until),
                 **_path_figures(events, fault, until),
             }

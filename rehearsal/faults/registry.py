@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import gcs, kv, replace, replica, update
+from . import gcs, kv, poison, replace, replica, update
 from .fault import Fault
 
 FAULTS: tuple[Fault, ...] = (
     replica.DECODE,
+    poison.FAULT,
     replica.PREFILL,
     kv.FAULT,
     replace.FAULT,

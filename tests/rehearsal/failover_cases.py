@@ -132,7 +132,9 @@ async def main() -> None:
     except failover.Refused as error:
         assert error.died and error.replica is not None, error
     assert len(DEATHS.read_text().splitlines()) == 1, DEATHS.read_text()  # one replica saw it, not two
-    assert failover.died(chunk=ErrorResponse(error=ErrorInfo(message="EngineCore encountered an issue.", type="X", code=500)))
+    assert failover.died(
+        chunk=ErrorResponse(error=ErrorInfo(message="EngineCore encountered an issue.", type="X", code=500))
+    )
     assert not failover.died(chunk=ErrorResponse(error=ErrorInfo(message="EngineDeadError", type="X", code=400)))
     print("ok a request whose dispatch ended in its engine's death is retried on no other replica")
 
@@ -193,10 +195,16 @@ async def main() -> None:
     assistant = ChatCompletionRequest(model="m", messages=[{"role": "assistant", "content": "a" * 2000}])
     assert failover.too_long(assistant, 1000).error.param == "messages"
     tool = {"type": "function", "function": {"name": "f", "description": "d" * 2000, "parameters": {}}}
-    assert failover.too_long(ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool]), 1000)
+    assert failover.too_long(
+        ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], tools=[tool]), 1000
+    )
     calls = [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "x" * 2000}}]
-    assert failover.too_long(ChatCompletionRequest(model="m", messages=[{"role": "assistant", "tool_calls": calls}]), 1000)
-    thinking = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": "y" * 2000})
+    assert failover.too_long(
+        ChatCompletionRequest(model="m", messages=[{"role": "assistant", "tool_calls": calls}]), 1000
+    )
+    thinking = ChatCompletionRequest(
+        model="m", messages=[{"role": "user", "content": "hi"}], chat_template_kwargs={"enable_thinking": "y" * 2000}
+    )
     assert failover.too_long(thinking, 1000)
     ids = CompletionRequest(model="m", prompt=list(range(4097)))
     assert "4097 token ids" in failover.too_long(ids, None, 4096).error.message
@@ -205,7 +213,12 @@ async def main() -> None:
     assert "9 messages" in failover.too_long(many, None, 8).error.message
     print("ok every role, tool call, tool schema and template option counts; token ids and messages by number")
 
-    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     assert failover.request_refusal(body, "chat") is None
     for extra, param in (
         ({"vllm_xargs": {"kv_transfer_params": ""}}, "vllm_xargs.kv_transfer_params"),
@@ -215,7 +228,10 @@ async def main() -> None:
         ({"chat_template_kwargs": {"chat_template": "{{ x }}"}}, "chat_template_kwargs.chat_template"),
         ({"chat_template_kwargs": {"tokenize": True}}, "chat_template_kwargs.tokenize"),
         ({"chat_template_kwargs": {"enable_thinking": {"nested": 1}}}, "chat_template_kwargs.enable_thinking"),
-        ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "extra": 1}]}]}, "messages[0].content[0].extra"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": "a", "extra": 1}]}]},
+            "messages[0].content[0].extra",
+        ),
         ({"request_id": "another-clients-id"}, "request_id"),
         ({"tools": [{"type": "function", "function": {"name": "f"}}] * 129}, "tools"),
     ):
@@ -227,10 +243,14 @@ async def main() -> None:
     assert failover.request_refusal({**completion, "prompt_embeds": "x"}, "completions").error.param == "prompt_embeds"
     print("ok a request is read through an allowlist at every depth: anything else is 400 naming it")
 
-    request = CompletionRequest(model="m", prompt="p", kv_transfer_params={"a": 1}, vllm_xargs={"kv_transfer_params": "", "x": 1})
+    request = CompletionRequest(
+        model="m", prompt="p", kv_transfer_params={"a": 1}, vllm_xargs={"kv_transfer_params": "", "x": 1}
+    )
     failover.scrub(request)
     assert (request.kv_transfer_params, request.vllm_xargs) == (None, None)
-    request = CompletionRequest(model="m", prompt="p", kv_transfer_params={"do_remote_decode": True}, vllm_xargs={"kv_transfer_params": ""})
+    request = CompletionRequest(
+        model="m", prompt="p", kv_transfer_params={"do_remote_decode": True}, vllm_xargs={"kv_transfer_params": ""}
+    )
     failover.scrub(request, keep_transfer=True)  # decode's own, on prefill's side
     assert (request.kv_transfer_params, request.vllm_xargs) == ({"do_remote_decode": True}, None)
     now = [0.0]
@@ -241,7 +261,7 @@ async def main() -> None:
     now[0] = 5.0
     assert not poisoned.holds(same)  # for the cooldown only
     assert failover.poisoned_refusal("decode").error.code == 503
-    print("ok engines clear the orchestrator's fields on every path; a body that killed an engine is refused for the cooldown")
+    print("ok engines clear the orchestrator's fields on every path; its body is refused for the cooldown")
 
     for bad in (None, {"wait_s": 0, "prefill_timeout_s": 1}, {"wait_s": 1, "prefill_timeout_s": 1, "x": 1}):
         try:

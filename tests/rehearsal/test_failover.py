@@ -23,7 +23,7 @@ EXPECTED = (
     "a prompt past max_model_len at the longest token is 400 before any tokenizer; one within is not",
     "every role, tool call, tool schema and template option counts; token ids and messages by number",
     "a request is read through an allowlist at every depth: anything else is 400 naming it",
-    "engines clear the orchestrator's fields on every path; a body that killed an engine is refused for the cooldown",
+    "engines clear the orchestrator's fields on every path; its body is refused for the cooldown",
     "the builder's args are checked",
     "another application by name: refused within wait_s before it exists, served once it runs",
     "prefill refuses a decode of another pair key with a 503 before its engine",

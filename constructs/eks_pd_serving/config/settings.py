@@ -421,6 +421,15 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("true or false"),
     )
+    trust_request_chat_template: bool = Field(
+        False,
+        description=(
+            "Let a request carry its own chat template (chat_template, top level or in chat_template_kwargs): "
+            "both engines then run it (vLLM's --trust-request-chat-template). Off, the ingress refuses it with "
+            "HTTP 400: a template is code the tokenizer runs, and one can hold an engine's CPU for seconds."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
     gpu_memory_utilization: float = Field(
         0.90,
         gt=0.0,
@@ -706,7 +715,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Head fault tolerance": ("gcs_fault_tolerance", "gcs_store_node_type", "gcs_store_replicas"),
     "Endpoint and API keys": (
         "endpoint_exposure", "endpoint_client_cidrs", "tls_certificate_arn", "access_logs_bucket", "api_keys",
-        "api_keys_secret_arn", "api_keys_refresh_s", "api_keys_max_stale_s",
+        "api_keys_secret_arn", "api_keys_refresh_s", "api_keys_max_stale_s", "trust_request_chat_template",
     ),
     "Autoscaling (all off by default: the counts above stay fixed)": (
         "autoscaling", "prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas",

@@ -114,20 +114,27 @@ class RayServiceChart(cdk8s.Chart):
 
 
 def _api_keys_env(props: RayServiceProps, python_path: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Every Serve proxy (one per Ray pod) loads the check; none of this is a key. ``python_path``:
-    the pod's other program folders, which share the one PYTHONPATH."""
-    keys, hook = props.api_keys, props.api_keys_hook
-    if keys is None:
+    """Every Serve proxy (one per Ray pod) loads the checks: the body's bound and, when on, the API
+    keys; none of this is a key. ``python_path``: the pod's other program folders, which share the
+    one PYTHONPATH."""
+    keys, hook, limit = props.api_keys, props.api_keys_hook, props.max_body_bytes
+    if keys is None and limit is None:
         return _python_path(python_path)
     if hook is None:
-        raise ValueError("RayServiceProps.api_keys needs api_keys_hook (the check's code and names)")
-    return [
+        raise ValueError("RayServiceProps.api_keys and max_body_bytes need api_keys_hook (the checks' code)")
+    env = [
         {"name": hook.callback_env, "value": hook.callback},
         *_python_path((hook.program.mount_path, *python_path)),
-        {"name": hook.secret_env, "value": keys.secret_arn},
-        {"name": hook.refresh_env, "value": str(keys.refresh_s)},
-        {"name": hook.max_stale_env, "value": str(keys.max_stale_s)},
     ]
+    if limit is not None:
+        env.append({"name": hook.max_body_env, "value": str(limit)})
+    if keys is not None:
+        env += [
+            {"name": hook.secret_env, "value": keys.secret_arn},
+            {"name": hook.refresh_env, "value": str(keys.refresh_s)},
+            {"name": hook.max_stale_env, "value": str(keys.max_stale_s)},
+        ]
+    return env
 
 
 def _python_path(folders: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -149,8 +156,8 @@ def _with_program(program: PodProgram | None, volume: str, pod: dict[str, Any]) 
 
 
 def _with_api_keys(props: RayServiceProps, pod: dict[str, Any]) -> dict[str, Any]:
-    """``pod`` (a group's template) with the check's code mounted and its digest annotated."""
-    if props.api_keys is None or props.api_keys_hook is None:
+    """``pod`` (a group's template) with the proxy checks' code mounted and its digest annotated."""
+    if (props.api_keys is None and props.max_body_bytes is None) or props.api_keys_hook is None:
         return pod
     return _with_program(props.api_keys_hook.program, _API_KEYS_VOLUME, pod)
 

@@ -121,6 +121,7 @@ def build_llm_config(
             **({"max_num_seqs": engine.max_num_seqs} if engine.max_num_seqs else {}),
             **({"max_num_batched_tokens": engine.max_num_batched_tokens} if engine.max_num_batched_tokens else {}),
             **({"language_model_only": True} if model.language_model_only else {}),
+            **({"trust_request_chat_template": True} if model.trust_request_chat_template else {}),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
@@ -163,6 +164,7 @@ def pair_key(model: ModelSpec, kv: KvTransferSpec, engine: EngineSpec) -> str:
     weight format), as a digest: prefill refuses a decode whose key differs (one phase updated
     before the other), so engines of different models or KV layouts are never paired."""
     fields = {**asdict(model), "model_source": model.weights or model.model_source}
+    fields.pop("trust_request_chat_template")  # what the front end accepts, not what the KV holds
     agreed = {"model": fields, "kv": asdict(kv), "quantization": engine.quantization}
     return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -205,6 +207,7 @@ def _ingress_app(models: Sequence[ServedModel], failover: FailoverSpec) -> dict[
             "model_id": served.model.model_id,
             "max_model_len": served.model.max_model_len,
             "adapters": False,
+            **({"trust_request_chat_template": True} if served.model.trust_request_chat_template else {}),
             **{
                 phase: {"app": app_name(served, phase), "deployment": deployment_name(phase, served.model.model_id)}
                 for phase in ("decode", "prefill")

@@ -31,6 +31,9 @@ class ModelSpec:
     local_folder: str = ""
     #: The callback's import path; required with ``local_folder``.
     fill_callback: str = ""
+    #: Both engines run a request's own chat template (vLLM's ``trust_request_chat_template``) and
+    #: the ingress lets it through. Default: False (refused with HTTP 400 at the ingress).
+    trust_request_chat_template: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,9 +109,9 @@ class NodeCacheSpec:
 
 @dataclass(frozen=True)
 class ProxyHook:
-    """The Serve proxies' API key check as the pods load it: its code (``program``, on every Ray
-    pod's PYTHONPATH), Ray's hook that imports it (``callback_env`` = ``callback``) and the env
-    names it reads."""
+    """The Serve proxies' checks (the body's bound, the API keys) as the pods load them: their code
+    (``program``, on every Ray pod's PYTHONPATH), Ray's hook that imports it (``callback_env`` =
+    ``callback``) and the env names it reads."""
 
     program: PodProgram
     callback_env: str
@@ -116,6 +119,8 @@ class ProxyHook:
     secret_env: str
     refresh_env: str
     max_stale_env: str
+    #: The env naming the largest body a proxy relays. Default: the hook's own name for it.
+    max_body_env: str = "EKS_PD_MAX_BODY_BYTES"
 
 
 @dataclass(frozen=True)
@@ -297,6 +302,9 @@ class RayServiceProps:
     aws_region: str | None = None
     # None: no API key check; anyone who reaches the serve port may call it.
     api_keys: ApiKeysSpec | None = None
+    # The largest request body every Serve proxy relays (413 beyond it, before any byte is
+    # relayed); needs ``api_keys_hook``. None: no bound at the proxy.
+    max_body_bytes: int | None = None
     # None: no GCS fault tolerance; a head that restarts rebuilds the whole Ray cluster.
     gcs_fault_tolerance: GcsFaultToleranceSpec | None = None
     # The KV guard's code, mounted on every GPU worker whether the guard is on or off: turning it

@@ -1,10 +1,11 @@
-"""The Serve proxy's API key check (``eks_pd_api_keys``, pod-side code) and how it is shipped: the
-module's source goes into a ConfigMap mounted on every Ray pod, on the pods' PYTHONPATH."""
+"""What every Serve proxy checks (``eks_pd_api_keys``, pod-side code: the body's bound, and API keys
+when on) and how it is shipped: the module's source goes into a ConfigMap mounted on every Ray pod,
+on the pods' PYTHONPATH. The module keeps its first name: running pods mount it by that name."""
 
 from __future__ import annotations
 
 from ..._private import pod_code
-from .eks_pd_api_keys import DROPPED_LINE, MAX_STALE_ENV, REFRESH_ENV, SECRET_ENV, UNREAD_LINE
+from .eks_pd_api_keys import DROPPED_LINE, MAX_BODY_ENV, MAX_STALE_ENV, REFRESH_ENV, SECRET_ENV, UNREAD_LINE
 
 MODULE = "eks_pd_api_keys"
 # Ray Serve's hook: each HTTP proxy calls this at start and wraps itself in what it returns.
@@ -24,6 +25,7 @@ __all__ = [
     "CALLBACK_ENV",
     "DROPPED_LINE",
     "FILE_NAME",
+    "MAX_BODY_ENV",
     "MAX_STALE_ENV",
     "MODULE",
     "MOUNT_PATH",

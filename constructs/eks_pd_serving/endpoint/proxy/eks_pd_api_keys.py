@@ -1,10 +1,16 @@
-"""API keys on every route of Ray Serve's HTTP proxy. Pod-side code: shipped to every Ray pod in
-a ConfigMap, imported by each Serve proxy through Ray's own hook
-(``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=eks_pd_api_keys:middlewares``), so it wraps the
-whole proxy: every request to port 8000 meets the check before routing, before any ingress,
-router or engine work. Standard library, plus boto3 (the Ray LLM image's) for Secrets Manager.
+"""What every Ray Serve HTTP proxy checks before it routes a request: the body's size, and (when
+on) an API key. Pod-side code: shipped to every Ray pod in a ConfigMap, imported by each Serve proxy
+through Ray's own hook (``RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH=eks_pd_api_keys:middlewares``),
+so it wraps the whole proxy: every request to port 8000 meets the checks before routing, before
+any ingress, router or engine work. Standard library, plus boto3 (the Ray LLM image's) for Secrets
+Manager.
 
-The secret is a JSON object of key id to key (``{"initial": "<48 characters>"}``). Only SHA-256
+The body: a request whose ``Content-Length`` is over ``EKS_PD_MAX_BODY_BYTES`` is answered 413 at
+once; one without it (chunked) is read up to that many bytes before anything is relayed, and 413
+once past it. So no body larger than the bound ever reaches the ingress or an engine.
+
+The keys (``EKS_PD_API_KEYS_SECRET`` set): the secret is a JSON object of key id to key
+(``{"initial": "<48 characters>"}``). Only SHA-256
 digests of the keys are held; a presented key's digest is compared with every held one in
 constant time. Logs name the key id, never a key. The keys are read again every
 ``EKS_PD_API_KEYS_REFRESH_S`` seconds, so a key added to or removed from the secret takes effect
@@ -31,6 +37,9 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 SECRET_ENV = "EKS_PD_API_KEYS_SECRET"
+# The largest request body a proxy relays, in bytes (set on every Ray pod).
+MAX_BODY_ENV = "EKS_PD_MAX_BODY_BYTES"
+TOO_LARGE = "The request body is over {} bytes, the most this endpoint takes."
 REFRESH_ENV = "EKS_PD_API_KEYS_REFRESH_S"
 DEFAULT_REFRESH_S = 30.0
 MAX_STALE_ENV = "EKS_PD_API_KEYS_MAX_STALE_S"
@@ -222,6 +231,54 @@ class ApiKeyMiddleware:
         await self.app({**scope, "headers": headers}, receive, send)
 
 
+class BodyLimitMiddleware:
+    """Pure ASGI: 413 for a body over ``max_bytes``, by ``Content-Length`` before a byte is read, or
+    by the bytes received before any is relayed (the body is held, then handed on whole)."""
+
+    def __init__(self, app: App, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name.lower() == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = self.max_bytes + 1
+                if declared > self.max_bytes:
+                    await self._too_large(send)
+                    return
+        body, more = bytearray(), True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_bytes:
+                await self._too_large(send)
+                return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, send: Send) -> None:
+        message = TOO_LARGE.format(self.max_bytes)
+        body = json.dumps({"error": {"message": message, "type": "BadRequestError", "param": None, "code": 413}})
+        await _refuse("http", send, 413, body.encode())
+
+
 def loggable(path: str) -> str:
     """A request's path as one log token: percent-encoded again (ASGI hands it decoded, so a
     ``%0A`` would start a forged line and ``%20`` spell a phrase an alarm counts), then capped."""
@@ -260,17 +317,21 @@ def secrets_manager_fetch(secret_id: str) -> Callable[[], str]:
 
 
 def middlewares() -> list[Any]:
-    """The proxy hook: Ray Serve calls it once per proxy and wraps its ASGI app in the result."""
-    secret_id = os.environ.get(SECRET_ENV)
-    if not secret_id:
-        # Fails the proxy's start: Serve never serves unchecked when the hook is configured.
-        raise RuntimeError(f"{SECRET_ENV} is not set: the API key secret to read")
+    """The proxy hook: Ray Serve calls it once per proxy and wraps its ASGI app in the result: the
+    key check first (when ``SECRET_ENV`` names the keys' secret), then the body's bound."""
     from starlette.middleware import Middleware
 
+    limit, secret_id = os.environ.get(MAX_BODY_ENV), os.environ.get(SECRET_ENV)
+    if (limit is not None and not limit.isdigit()) or not (limit or secret_id):
+        # Fails the proxy's start: a hook configured with nothing to check is a broken pod spec.
+        raise RuntimeError(f"{MAX_BODY_ENV} is {limit!r} and {SECRET_ENV} is unset: nothing to check")
+    found = [Middleware(BodyLimitMiddleware, max_bytes=int(limit))] if limit else []
+    if not secret_id:
+        return found
     store = KeyStore(
         secrets_manager_fetch(secret_id),
         float(os.environ.get(REFRESH_ENV, DEFAULT_REFRESH_S)),
         float(os.environ.get(MAX_STALE_ENV, DEFAULT_MAX_STALE_S)),
     )
     store.start()
-    return [Middleware(ApiKeyMiddleware, store=store)]
+    return [Middleware(ApiKeyMiddleware, store=store), *found]

@@ -41,6 +41,11 @@ def cooldown_s() -> float:
     return float(_constant("COOLDOWN_S"))
 
 
+def poisoned_type() -> str:
+    """The error type of a request whose dispatch ended in its engine's death (not replayed)."""
+    return str(_constant("POISONED_TYPE"))
+
+
 __all__ = [
     "FILE_NAME",
     "MODULE",
@@ -50,6 +55,7 @@ __all__ = [
     "import_paths",
     "metric",
     "paths",
+    "poisoned_type",
     "source",
     "source_digest",
 ]

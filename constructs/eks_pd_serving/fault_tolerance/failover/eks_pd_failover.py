@@ -181,7 +181,10 @@ _SAMPLING = {
     "skip_special_tokens": SCALAR,
     "spaces_between_special_tokens": SCALAR,
     "add_special_tokens": SCALAR,
-    "response_format": {"type": SCALAR, "json_schema": {"name": SCALAR, "description": SCALAR, "schema": ANY, "strict": SCALAR}},
+    "response_format": {
+        "type": SCALAR,
+        "json_schema": {"name": SCALAR, "description": SCALAR, "schema": ANY, "strict": SCALAR},
+    },
     "vllm_xargs": {key: SCALAR for key in VLLM_XARGS},
 }
 REQUEST_SHAPES: dict[str, dict[str, Any]] = {
@@ -235,6 +238,10 @@ UNAVAILABLE = frozenset(
 DIED = frozenset({"EngineDeadError", "ActorDiedError"})
 DIED_TEXTS = ("EngineCore encountered an issue",)
 POISONED_TYPE = "PdEngineDied"
+# A replica whose engine was already dead when a request came: unavailable before it, so the other
+# phase may serve it (the ingress and decode fail over on this 503).
+ENGINE_DOWN_TYPE = "PdEngineDown"
+ENGINE_DOWN = "this replica's engine is down; the request was not started here."
 POISONED = (
     "the {phase} engine died while serving this request; it is not sent to the other engine, which "
     "refuses the same request for {after} s. Nothing was generated."
@@ -347,7 +354,7 @@ class Poisoned:
             self._until[self.digest(request)] = now + self.cooldown_s
 
     def holds(self, request: Any) -> bool:
-        return self._until.get(self.digest(request), 0.0) > self.clock()
+        return bool(self._until.get(self.digest(request), 0.0) > self.clock())
 
 
 def poisoned_refusal(phase: str) -> ErrorResponse:
@@ -615,7 +622,7 @@ def scrub(request: Any, keep_transfer: bool = False) -> None:
 
 def client_fields(body: Any) -> dict[str, Any]:
     """What the client sent, as JSON: the fields it set and any extra ones vLLM's models keep."""
-    return body.model_dump(mode="json", exclude_unset=True)
+    return dict(body.model_dump(mode="json", exclude_unset=True))
 
 
 REASONING_END = "</think>"
@@ -658,7 +665,9 @@ def prompt_chars(request: Any) -> int:
         texts += _texts(getattr(request, "documents", None))
         texts += _texts(list((request.chat_template_kwargs or {}).values()))
     else:
-        texts += [p for p in (request.prompt if isinstance(request.prompt, list) else [request.prompt]) if isinstance(p, str)]
+        texts += [
+            p for p in (request.prompt if isinstance(request.prompt, list) else [request.prompt]) if isinstance(p, str)
+        ]
     return sum(len(text.strip()) for text in texts)
 
 
@@ -716,6 +725,18 @@ class _Prompts:
 
     def _tokenizer(self) -> Any:
         return self.engine._engine_client.tokenizer  # type: ignore[attr-defined]
+
+    def _down(self) -> ErrorResponse | None:
+        """A 503 when this replica's engine was already dead when the request arrived (vLLM's
+        ``AsyncLLM.errored``): the phase was unavailable before the request, which the other phase may
+        then serve (``died`` is false of it). None while the engine runs."""
+        try:
+            errored = bool(self.engine._engine_client.errored)  # type: ignore[attr-defined]
+        except Exception:
+            return None
+        if not errored:
+            return None
+        return ErrorResponse(error=ErrorInfo(message=ENGINE_DOWN, type=ENGINE_DOWN_TYPE, code=503))
 
     def _max_model_len(self) -> int | None:
         configured = self._llm_config.engine_kwargs.get("max_model_len")  # type: ignore[attr-defined]
@@ -822,16 +843,16 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
         if refusal is not None:
             return refusal
         scrub(request, keep_transfer=pair is not None)  # decode's own transfer params only
-        oversized = await self._oversized(request)
-        return _one(oversized) if oversized is not None else await super().chat(request, raw_request_info)
+        refusal = self._down() or await self._oversized(request)
+        return _one(refusal) if refusal is not None else await super().chat(request, raw_request_info)
 
     async def completions(self, request: Any, raw_request_info: Any = None, pair: str | None = None) -> Any:
         refusal = self._unpaired(pair)
         if refusal is not None:
             return refusal
         scrub(request, keep_transfer=pair is not None)
-        oversized = await self._oversized(request)
-        return _one(oversized) if oversized is not None else await super().completions(request, raw_request_info)
+        refusal = self._down() or await self._oversized(request)
+        return _one(refusal) if refusal is not None else await super().completions(request, raw_request_info)
 
 
 class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
@@ -879,7 +900,7 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
     async def _pd_handle_request(self, request: Any, raw_request_info: Any = None) -> AsyncGenerator[Any, None]:
         method = _method(request)
         scrub(request)  # the ingress refuses them; never an engine's from a client
-        refusal = await self._oversized(request)
+        refusal = self._down() or await self._oversized(request)
         if refusal is None and self._poisoned.holds(request):  # it killed prefill: not served here too
             refusal = poisoned_refusal("prefill")
         if refusal is not None:
