@@ -14,6 +14,7 @@ Exit 0 when Ray accepted the hook, 1 with its error when it did not.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from typing import Any
 
@@ -23,16 +24,17 @@ async def _router(scope: Any, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"router"})
 
 
-async def _request(app: Any, path: str) -> tuple[int, bool]:
+async def _request(app: Any, path: str, body: bytes = b"") -> tuple[int, bool]:
     sent: list[dict[str, Any]] = []
 
     async def receive() -> dict[str, Any]:
-        return {"type": "http.request", "body": b"", "more_body": False}
+        return {"type": "http.request", "body": body, "more_body": False}
 
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": b""}
+    method = "POST" if body else "GET"
+    scope = {"type": "http", "method": method, "path": path, "headers": [], "query_string": b""}
     await app(scope, receive, send)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return sent[0]["status"], body == b"router"
@@ -52,6 +54,10 @@ def main(paths: list[str]) -> int:
     for path in paths:
         status, reached = asyncio.run(_request(app, path))
         print(f"{path} {status} {'reached' if reached else 'refused'}")
+    limit = os.environ.get("EKS_PD_MAX_BODY_BYTES")
+    if limit:  # a body one byte over the bound, with no Content-Length: counted as it is received
+        status, reached = asyncio.run(_request(app, "/-/healthz", b"x" * (int(limit) + 1)))
+        print(f"POST {int(limit) + 1} bytes {status} {'reached' if reached else 'refused'}")
     return 0
 
 

@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-FAILOVER = Path(__file__).resolve().parents[1] / "constructs/eks_pd_serving/fault_tolerance/failover/eks_pd_failover.py"
+RECORD = Path(__file__).resolve().parents[1] / "constructs/eks_pd_serving/fault_tolerance/failover/upstream.py"
 
 
 def recorded() -> tuple[tuple[str, ...], dict[str, tuple[str, ...]]]:
-    """The failover module's ``UPSTREAM_DEFINITIONS`` and ``UPSTREAM``, read from its source."""
-    tree = ast.parse(FAILOVER.read_text())
+    """The failover's record (``upstream.py``): ``UPSTREAM_DEFINITIONS`` and ``UPSTREAM``, read from its source."""
+    tree = ast.parse(RECORD.read_text())
     values = {}
     for node in tree.body:
         if isinstance(node, ast.Assign):

@@ -21,6 +21,7 @@ from .cluster import EksClusterProps
 from .config import ConfigError, DeploymentConfig, derived
 from .endpoint import proxy
 from .fault_tolerance import auth, failover, kv_guard
+from .fault_tolerance.failover import upstream as failover_upstream
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, checkpoint_bytes
 from .weights import node_cache
@@ -369,6 +370,7 @@ def failover_spec(config: DeploymentConfig) -> k8s.FailoverSpec | None:
         return None
     return k8s.FailoverSpec(
         import_paths=failover.import_paths(),
+        covered=failover_upstream.COVERED,
         wait_s=config.failover_wait_s,
         prefill_timeout_s=config.failover_prefill_timeout_s,
         short_prompt_tokens=config.short_prompt_tokens,
@@ -554,6 +556,7 @@ def ray_service_props(
         aws_region=region(config) if aws_calls else None,
         api_keys=api_keys,
         max_body_bytes=max_body_bytes(config),
+        worker_privileged=config.gpu_worker_privileged,
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import gcs, kv, poison, replace, replica, update
+from . import gcs, hostile, kv, poison, replace, replica, update
 from .fault import Fault
 
 FAULTS: tuple[Fault, ...] = (
+    hostile.FAULT,  # first: it must find every engine process as it started
     replica.DECODE,
     poison.FAULT,
     replica.PREFILL,

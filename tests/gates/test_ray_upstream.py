@@ -48,3 +48,19 @@ def test_every_pinned_ray_version_has_a_digest_for_every_definition() -> None:
     definitions, record = ray_upstream.recorded()
     assert RAY_VERSION in record
     assert {len(digests) for digests in record.values()} == {len(definitions)}
+
+
+def test_the_record_covers_the_images_ray_and_vllm_and_the_engines_are_told() -> None:
+    """Each engine replica refuses to start on a pair the record does not cover (``check_versions``):
+    the image's pair must be covered, and both phases' args carry the pairs."""
+    import yaml
+    from support import ray_service
+
+    from eks_pd_serving.fault_tolerance.failover import upstream
+    from eks_pd_serving.versions import VLLM_VERSION
+
+    assert (RAY_VERSION, VLLM_VERSION) in upstream.COVERED
+    assert set(upstream.UPSTREAM) == {ray for ray, _ in upstream.COVERED}
+    config = yaml.safe_load(ray_service()["spec"]["serveConfigV2"])
+    phases = [app for app in config["applications"] if "llm_config" in app["args"]]
+    assert phases and all(app["args"]["covered"] == [list(p) for p in upstream.COVERED] for app in phases)

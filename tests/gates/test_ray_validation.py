@@ -211,9 +211,10 @@ def test_ray_puts_each_pods_object_store_in_dev_shm(stack_factory: Callable[...,
     assert bare_head["default"] == "<temp_dir>"
 
 
-def _api_key_pods(tmp_path: Path) -> tuple[dict[str, str], list[dict[str, Any]]]:
-    """The ConfigMap's files written to ``tmp_path`` and each Ray pod's container (internal)."""
-    objects = render(endpoint_exposure="internal")
+def _api_key_pods(tmp_path: Path, **settings: Any) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """The ConfigMap's files written to ``tmp_path`` and each Ray pod's container (internal, with
+    API keys, unless ``settings`` say otherwise)."""
+    objects = render(**{"endpoint_exposure": "internal", **settings})
     (config_map,) = [o for o in objects if o["kind"] == "ConfigMap" and "eks_pd_api_keys.py" in o["data"]]
     for name, text in config_map["data"].items():
         (tmp_path / name).write_text(text)
@@ -242,11 +243,32 @@ def test_rays_proxy_hook_loads_the_api_key_check_from_the_pods_config_map(tmp_pa
         env["PYTHONPATH"] = str(tmp_path)
         result = _run_hook(env)
         assert result.returncode == 0, result.stdout + result.stderr
+        limit = int(env["EKS_PD_MAX_BODY_BYTES"])
         assert result.stdout.splitlines() == [
-            "middlewares: ApiKeyMiddleware",
+            "middlewares: ApiKeyMiddleware, BodyLimitMiddleware",
             "/-/healthz 200 reached",
             "/v1/models 401 refused",
             "/-/routes 401 refused",
+            f"POST {limit + 1} bytes 413 refused",  # the health path is open to keys, not to a body
+        ]
+
+
+def test_by_default_every_proxy_bounds_the_body_without_keys(tmp_path: Path) -> None:
+    """No API keys (the default): the same hook, the body's bound alone, on the head and every worker."""
+    _files, containers = _api_key_pods(tmp_path, endpoint_exposure="port-forward")
+    for container in containers:
+        env = {e["name"]: e.get("value", "") for e in container["env"]}
+        assert "EKS_PD_API_KEYS_SECRET" not in env
+        env["PYTHONPATH"] = str(tmp_path)
+        result = _run_hook(env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        limit = int(env["EKS_PD_MAX_BODY_BYTES"])
+        assert result.stdout.splitlines() == [
+            "middlewares: BodyLimitMiddleware",
+            "/-/healthz 200 reached",
+            "/v1/models 200 reached",
+            "/-/routes 200 reached",
+            f"POST {limit + 1} bytes 413 refused",
         ]
 
 

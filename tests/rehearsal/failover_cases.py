@@ -270,7 +270,17 @@ async def main() -> None:
             assert failover.ARGS_KEY in str(error)
         else:
             raise AssertionError(f"accepted {bad}")
-    print("ok the builder's args are checked")
+    import vllm
+
+    failover.check_versions([[ray.__version__, vllm.__version__]])
+    failover.check_versions([])  # no record handed on: not checked
+    try:
+        failover.check_versions([["2.58.0", "0.26.0"]])
+    except RuntimeError as error:
+        assert f"Ray {ray.__version__} + vLLM {vllm.__version__}" in str(error) and "\n" not in str(error), error
+    else:
+        raise AssertionError("a pair the record does not cover started")
+    print("ok the builder's args are checked; an engine refuses to start on a Ray and vLLM the record does not cover")
 
     # Another application's deployment by name, before that application exists (the phases start in
     # any order): refused within wait_s, neither a KeyError nor a hold; once it runs, the same

@@ -24,7 +24,7 @@ EXPECTED = (
     "every role, tool call, tool schema and template option counts; token ids and messages by number",
     "a request is read through an allowlist at every depth: anything else is 400 naming it",
     "engines clear the orchestrator's fields on every path; its body is refused for the cooldown",
-    "the builder's args are checked",
+    "the builder's args are checked; an engine refuses to start on a Ray and vLLM the record does not cover",
     "another application by name: refused within wait_s before it exists, served once it runs",
     "prefill refuses a decode of another pair key with a 503 before its engine",
 )

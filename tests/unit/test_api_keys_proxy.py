@@ -281,10 +281,90 @@ def test_a_websocket_without_a_key_is_closed_before_accept() -> None:
     assert sent == [{"type": "websocket.close", "code": 1008}] and engine.paths == []
 
 
-def test_the_proxy_hook_refuses_to_start_without_a_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_proxy_hook_refuses_to_start_with_nothing_to_check(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(keys.SECRET_ENV, raising=False)
+    monkeypatch.delenv(keys.MAX_BODY_ENV, raising=False)
     with pytest.raises(RuntimeError, match=keys.SECRET_ENV):
         keys.middlewares()
+    monkeypatch.setenv(keys.MAX_BODY_ENV, "lots")
+    with pytest.raises(RuntimeError, match=keys.MAX_BODY_ENV):
+        keys.middlewares()
+
+
+class Reader(Engine):
+    """Reads the whole body, as Serve's router relays it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: list[bytes] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        self.bodies.append(body)
+        await super().__call__(scope, receive, send)
+
+
+def post_body(content: Any, max_bytes: int, headers: dict[str, str] | None = None) -> tuple[httpx.Response, Reader]:
+    reader = Reader()
+
+    async def go() -> httpx.Response:
+        app = keys.BodyLimitMiddleware(reader, max_bytes)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://proxy") as client:
+            return await client.post("/v1/completions", content=content, headers=headers or {})
+
+    return asyncio.run(go()), reader
+
+
+def test_a_body_over_the_bound_by_its_length_is_413_and_relays_nothing() -> None:
+    answer, reader = post_body(b"x" * 1001, 1000)
+    assert answer.status_code == 413 and answer.json()["error"]["code"] == 413 and reader.paths == []
+
+
+def test_a_chunked_body_over_the_bound_is_413_before_any_byte_is_relayed() -> None:
+    async def chunks() -> Any:
+        for _ in range(11):
+            yield b"x" * 100
+
+    answer, reader = post_body(chunks(), 1000)
+    assert answer.status_code == 413 and reader.paths == [] and reader.bodies == []
+
+
+def test_a_body_within_the_bound_reaches_the_app_whole() -> None:
+    async def chunks() -> Any:
+        for _ in range(10):
+            yield b"x" * 100
+
+    answer, reader = post_body(chunks(), 1000)
+    assert answer.status_code == 200 and reader.bodies == [b"x" * 1000]
+    answer, reader = post_body(b'{"model": "m"}', 1000)
+    assert answer.status_code == 200 and reader.bodies == [b'{"model": "m"}']
+
+
+def test_a_lying_content_length_is_still_counted() -> None:
+    """A client that declares less than it sends: the bytes received decide."""
+
+    async def go() -> list[Any]:
+        sent: list[Any] = []
+        messages = iter([{"type": "http.request", "body": b"x" * 600, "more_body": True},
+                         {"type": "http.request", "body": b"x" * 600, "more_body": False}])  # fmt: skip
+        reader = Reader()
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": [(b"content-length", b"10")]}
+
+        async def receive() -> Any:
+            return next(messages)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await keys.BodyLimitMiddleware(reader, 1000)(scope, receive, send)
+        assert reader.paths == []
+        return sent
+
+    assert asyncio.run(go())[0]["status"] == 413
 
 
 @mock_aws

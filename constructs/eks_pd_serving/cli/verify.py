@@ -57,7 +57,8 @@ LIBFABRIC = LIBFABRIC_LINE
 UCX = UCX_LINE
 UCX_FIX = (
     "NIXL fell back to UCX, which moves the KV cache at TCP speed. Fix: keep kv_backend=LIBFABRIC, "
-    "check the pods request vpc.amazonaws.com/efa and run privileged, and that FI_PROVIDER=efa is set"
+    "check the pods request vpc.amazonaws.com/efa and add IPC_LOCK (or gpu_worker_privileged=true), and that "
+    "FI_PROVIDER=efa is set"
 )
 
 

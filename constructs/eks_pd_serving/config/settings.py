@@ -126,6 +126,15 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("true or false"),
     )
+    gpu_worker_privileged: bool = Field(
+        False,
+        description=(
+            "Run the GPU workers privileged. Off, they run unprivileged with IPC_LOCK added (to register memory "
+            "with the EFA device beyond the memlock limit), the EFA device from the device plugin, as AWS's EKS "
+            "guide runs EFA pods. Turn on only if NIXL logs a memory registration failure (fi_mr_reg) on EFA."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
     node_cache: bool = Field(
         True,
         description=(
@@ -696,7 +705,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "GPU nodes and capacity": (
         "gpu_availability_zone", "gpu_instance_type", "gpu_node_count", "gpu_root_volume_gib", "fast_image_pull",
-        "node_cache", "gpu_layout",
+        "node_cache", "gpu_layout", "gpu_worker_privileged",
         "prefill_gpu_instance_type", "prefill_gpu_node_count", "decode_gpu_instance_type",
         "decode_gpu_node_count", "gpu_capacity", "prefill_capacity", "decode_capacity",
     ),

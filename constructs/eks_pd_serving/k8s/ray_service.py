@@ -35,9 +35,9 @@ _FAILOVER_VOLUME = "failover-code"
 _NODE_CACHE_CODE_VOLUME = "node-cache-code"
 _NODE_CACHE_VOLUME = "node-cache"
 
-# Pod Security Admission: the Ray workers run privileged (NIXL registers CUDA memory with the
-# EFA device), so the namespace must admit privileged pods; warn and audit show anything beyond
-# baseline to whoever creates pods here.
+# Pod Security Admission: the Ray workers add IPC_LOCK and mount the node's disk (a hostPath), both
+# beyond baseline, so the namespace admits them; warn and audit show anything beyond baseline to
+# whoever creates pods here.
 POD_SECURITY_LABELS = {
     "pod-security.kubernetes.io/enforce": "privileged",
     "pod-security.kubernetes.io/warn": "baseline",
@@ -361,8 +361,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
                         "image": props.image,
                         "env": env,
                         "resources": group.resources.as_k8s(),
-                        # NIXL registers CUDA memory with the EFA NIC; IPC_LOCK alone is not enough.
-                        "securityContext": {"privileged": True},
+                        "securityContext": worker_security(props.worker_privileged),
                         "volumeMounts": [_SHM_MOUNT],
                     }
                 ],
@@ -374,6 +373,21 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
     if cache is not None:
         pod = _with_node_cache(cache, _with_program(cache_program, _NODE_CACHE_CODE_VOLUME, pod))
     return {**spec, "template": pod}
+
+
+# An unprivileged GPU worker: the EFA device comes from the device plugin (its device cgroup rule
+# included), and IPC_LOCK lets NIXL register memory with it past the container's memlock limit (the
+# kernel's ib_umem_get checks CAP_IPC_LOCK), as AWS's EKS guide and its NIXL-over-EFA samples run.
+WORKER_SECURITY: dict[str, Any] = {
+    "privileged": False,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"add": ["IPC_LOCK"]},
+}
+
+
+def worker_security(privileged: bool) -> dict[str, Any]:
+    """The GPU worker container's securityContext (``RayServiceProps.worker_privileged``)."""
+    return {"privileged": True} if privileged else dict(WORKER_SECURITY)
 
 
 def _node_cache_env(cache: NodeCacheSpec | None) -> list[dict[str, Any]]:

@@ -184,6 +184,8 @@ def _phase_app(served: ServedModel, phase: str, failover: FailoverSpec) -> dict[
         "llm_config": build_llm_config(phase, model, engine, kv, replicas_in_args=False),
         "pair": pair_key(model, kv, engine),
     }
+    if failover.covered:
+        args["covered"] = [list(pair) for pair in failover.covered]
     overrides: dict[str, Any] = {
         "name": deployment_name(phase, model.model_id),
         "autoscaling_config": _autoscaling(engine),

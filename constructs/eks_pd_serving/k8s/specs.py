@@ -166,6 +166,9 @@ class FailoverSpec:
     wait_s: float
     prefill_timeout_s: float
     short_prompt_tokens: int
+    #: The Ray and vLLM version pairs the failover's upstream record covers: an engine replica on any
+    #: other refuses to start. Default: () (not checked).
+    covered: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -302,6 +305,8 @@ class RayServiceProps:
     aws_region: str | None = None
     # None: no API key check; anyone who reaches the serve port may call it.
     api_keys: ApiKeysSpec | None = None
+    # The GPU workers privileged; False: unprivileged with IPC_LOCK added (WORKER_SECURITY).
+    worker_privileged: bool = False
     # The largest request body every Serve proxy relays (413 beyond it, before any byte is
     # relayed); needs ``api_keys_hook``. None: no bound at the proxy.
     max_body_bytes: int | None = None

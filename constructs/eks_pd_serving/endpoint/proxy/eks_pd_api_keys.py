@@ -319,12 +319,14 @@ def secrets_manager_fetch(secret_id: str) -> Callable[[], str]:
 def middlewares() -> list[Any]:
     """The proxy hook: Ray Serve calls it once per proxy and wraps its ASGI app in the result: the
     key check first (when ``SECRET_ENV`` names the keys' secret), then the body's bound."""
+    limit, secret_id = os.environ.get(MAX_BODY_ENV), os.environ.get(SECRET_ENV)
+    if limit is not None and not limit.isdigit():
+        raise RuntimeError(f"{MAX_BODY_ENV} is {limit!r}: the largest body to relay, a whole number of bytes")
+    if not (limit or secret_id):
+        # Fails the proxy's start: a hook configured with nothing to check is a broken pod spec.
+        raise RuntimeError(f"neither {MAX_BODY_ENV} nor {SECRET_ENV} is set: the proxy hook has nothing to check")
     from starlette.middleware import Middleware
 
-    limit, secret_id = os.environ.get(MAX_BODY_ENV), os.environ.get(SECRET_ENV)
-    if (limit is not None and not limit.isdigit()) or not (limit or secret_id):
-        # Fails the proxy's start: a hook configured with nothing to check is a broken pod spec.
-        raise RuntimeError(f"{MAX_BODY_ENV} is {limit!r} and {SECRET_ENV} is unset: nothing to check")
     found = [Middleware(BodyLimitMiddleware, max_bytes=int(limit))] if limit else []
     if not secret_id:
         return found

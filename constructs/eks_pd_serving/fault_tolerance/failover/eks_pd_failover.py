@@ -48,8 +48,10 @@ answered its first chunk, on Ray's metrics endpoint; a client's error is no path
 of the package.
 
 It overrides Ray's ``_pd_handle_request`` (decode), ``_get_response`` and ``_process_llm_request``
-(ingress), and calls a few of their private helpers: ``UPSTREAM`` records a digest of each such
-upstream definition per Ray version, and a test fails when the installed Ray's differ.
+(ingress), and calls a few of their private helpers: the package records a digest of each such
+upstream definition per Ray version (``upstream.py``, not shipped: re-recording rebuilds nothing), a
+test fails when the installed Ray's differ, and each engine replica refuses to start on a Ray and
+vLLM pair the record does not cover (``check_versions``, the phases' ``covered`` args).
 """
 
 from __future__ import annotations
@@ -253,38 +255,6 @@ POISONED_KEPT = 1024
 REPLICAS_TRIED = 2
 OTHER_REPLICA_WAIT_S = 0.25
 CHOICES_PER_TRY = 4
-# The Ray code this module overrides or calls into, by a digest of its definition's source text
-# (``upstream_digest``), per Ray version: Ray 2.58.0 (the image) and 2.60.0 (the CPU rehearsal).
-UPSTREAM_DEFINITIONS = (
-    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._pd_handle_request",
-    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._get_connector_backend",
-    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._request_prefill_token_ids",
-    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDOrchestratorMixin._decode_reuse_ids",
-    "ray/llm/_internal/serve/serving_patterns/prefill_decode/pd_server.py:PDDecodeServer.__init__",
-    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_response",
-    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._process_llm_request",
-    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_model_id",
-    "ray/llm/_internal/serve/core/ingress/ingress.py:OpenAiIngress._get_configured_serve_handle",
-    "ray/llm/_internal/serve/engines/vllm/kv_transfer/base.py:DefaultPDProtocolMixin.prepare_prefill_request",
-    "ray/llm/_internal/serve/core/ingress/utils.py:_sanitize_chat_completion_request",
-    "ray/llm/_internal/common/patches/vllm/tokenize_once.py:reuse_prompt_token_ids",
-    "ray/serve/_private/http_util.py:session_id_from_headers",
-)
-# Each version's digests, in the order of UPSTREAM_DEFINITIONS, space-separated (``tools/ray_upstream.py``
-# prints them).
-UPSTREAM: dict[str, str] = {
-    "2.58.0": (
-        "25d933dcb258731f a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
-        "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
-        "6fb3fcb5e6335a14"
-    ),
-    "2.60.0": (
-        "6820d7b51a3fb29c a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
-        "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
-        "6fb3fcb5e6335a14"
-    ),
-}
-
 logger = logging.getLogger("ray.serve")
 COUNTS = ThreadPoolExecutor(max_workers=COUNT_THREADS, thread_name_prefix="eks-pd-count")
 
@@ -824,7 +794,10 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
     request names decode's ``pair``: another than this engine's (one phase updated before the
     other) is refused with a 503 before the engine sees it, so decode prefills it itself."""
 
-    async def __init__(self, llm_config: Any, *, pair: str = "", **kwargs: Any) -> None:  # type: ignore[misc]
+    async def __init__(  # type: ignore[misc]
+        self, llm_config: Any, *, pair: str = "", covered: list[list[str]] | None = None, **kwargs: Any
+    ) -> None:
+        check_versions(covered or [])
         self._pair = pair
         self._unpaired_seen: set[str] = set()
         await super().__init__(llm_config, **kwargs)
@@ -861,8 +834,9 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
     resolved at the first call, so the two start in any order."""
 
     async def __init__(  # type: ignore[misc]  # Serve's async constructor, as Ray's PDDecodeServer has
-        self, llm_config: Any, *, prefill: dict[str, str], pair: str, **kwargs: Any
+        self, llm_config: Any, *, prefill: dict[str, str], pair: str, covered: list[list[str]] | None = None, **kwargs: Any
     ) -> None:
+        check_versions(covered or [])
         self._failover = DEFAULT_FAILOVER
         self._pair = pair
         self._prefill = Breaker("prefill")
@@ -1152,8 +1126,25 @@ def other_phase(where: dict[str, str]) -> Any:
     return serve.get_deployment_handle(where["deployment"], where["app"], _check_exists=False)
 
 
+def check_versions(covered: list[list[str]]) -> None:
+    """Raise one line when this process's Ray and vLLM are not a pair the failover's upstream record
+    covers (``covered``: ``[ray, vllm]`` pairs; the package's ``upstream.COVERED``): the overridden
+    Ray code was recorded for those alone."""
+    import ray
+    import vllm
+
+    found = [ray.__version__.split("+")[0], vllm.__version__.split("+")[0]]  # a build's local part aside
+    if covered and found not in covered:
+        pairs = ", ".join(f"Ray {r} + vLLM {v}" for r, v in covered)
+        raise RuntimeError(
+            f"eks_pd_failover: this image runs Ray {found[0]} + vLLM {found[1]}, which the failover's upstream "
+            f"record does not cover ({pairs}). Fix: use the pinned image, or record this pair "
+            "(python tools/ray_upstream.py) and synthesize again."
+        )
+
+
 def _phase_config(args: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, dict[str, Any]]:
-    unknown = sorted(set(args) - {"llm_config", "pair", *keys})
+    unknown = sorted(set(args) - {"llm_config", "pair", "covered", *keys})
     if unknown or "llm_config" not in args or not isinstance(args.get("pair"), str):
         raise ValueError(f"eks_pd_failover: a phase's args are llm_config, pair and {keys}; got {sorted(args)}")
     config = LLMConfig.model_validate(args["llm_config"])
@@ -1165,9 +1156,8 @@ def _phase_config(args: dict[str, Any], keys: tuple[str, ...]) -> tuple[Any, dic
 def build_prefill_app(args: dict[str, Any]) -> Any:
     """One model's prefill phase, an application of its own (deployment ``Prefill:<model>``)."""
     config, args = _phase_config(args, ())
-    return build_llm_deployment(
-        config, name_prefix="Prefill:", bind_kwargs={"pair": args["pair"]}, deployment_cls=FailoverPrefillServer
-    )
+    bound = {"pair": args["pair"], "covered": list(args.get("covered") or [])}
+    return build_llm_deployment(config, name_prefix="Prefill:", bind_kwargs=bound, deployment_cls=FailoverPrefillServer)
 
 
 def build_decode_app(args: dict[str, Any]) -> Any:
@@ -1179,7 +1169,7 @@ def build_decode_app(args: dict[str, Any]) -> Any:
     return build_llm_deployment(
         config,
         name_prefix="Decode:",
-        bind_kwargs={"prefill": dict(prefill), "pair": args["pair"]},
+        bind_kwargs={"prefill": dict(prefill), "pair": args["pair"], "covered": list(args.get("covered") or [])},
         deployment_cls=FailoverDecodeServer,
     )
 
