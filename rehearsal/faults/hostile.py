@@ -54,7 +54,8 @@ class HostileRequests(Fault):
         if not seen:
             return False
         ingress_ok = all(v["status"] == 400 and v["param"] == v["expected"] for v in seen["ingress"].values())
-        engines_ok = all(v == "answered" for v in seen["engines"].values())
+        engines = list(seen["engines"].values())
+        engines_ok = "answered" in engines and all(v in ("answered", "not a request") for v in engines)
         same = bool(seen["processes_before"]) and seen["processes_before"] == seen["processes_after"]
         return ingress_ok and engines_ok and same
 
@@ -101,10 +102,14 @@ async def _straight_to_engines(context: Context) -> dict[str, str]:
         handle = serve.get_deployment_handle(layout.deployment_name(phase, model), app).options(stream=True)
         for field in FIELDS:
             for kind, value in NESTED_VALUES.items():
-                request = ChatCompletionRequest(
-                    model=model, messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=4,
-                    vllm_xargs={field: value},
-                )  # fmt: skip
+                try:
+                    request = ChatCompletionRequest(
+                        model=model, messages=[{"role": "user", "content": "The quick brown fox"}], max_tokens=4,
+                        vllm_xargs={field: value},
+                    )  # fmt: skip
+                except ValueError:  # vLLM's own request model refuses this type: it reaches no engine
+                    found[f"{phase} vllm_xargs.{field} {kind}"] = "not a request"
+                    continue
                 chunks = [chunk async for chunk in handle.chat.remote(request, None)]
                 first = chunks[0] if chunks else None
                 first = first[0] if isinstance(first, list) and first else first

@@ -241,6 +241,9 @@ async def main() -> None:
     completion = {"model": "m", "prompt": [[1, 2], [3]], "max_tokens": 4}
     assert failover.request_refusal(completion, "completions") is None
     assert failover.request_refusal({**completion, "prompt_embeds": "x"}, "completions").error.param == "prompt_embeds"
+    # Every field on the allowlist is one vLLM's request models have (else a listed field would be dropped).
+    assert set(failover.REQUEST_SHAPES["chat"]) <= set(ChatCompletionRequest.model_fields)
+    assert set(failover.REQUEST_SHAPES["completions"]) <= set(CompletionRequest.model_fields)
     print("ok a request is read through an allowlist at every depth: anything else is 400 naming it")
 
     request = CompletionRequest(

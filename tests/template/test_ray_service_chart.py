@@ -53,8 +53,8 @@ def test_each_phase_is_its_own_application_and_the_ingress_is_pd_openai_on_root(
         ("pd-openai", "eks_pd_failover:build_ingress_app", "/"),
     ]
     prefill, decode, ingress = apps
-    assert set(prefill["args"]) == {"llm_config", "pair"}
-    assert set(decode["args"]) == {"llm_config", "pair", "prefill"}
+    assert set(prefill["args"]) == {"llm_config", "pair", "covered"}
+    assert set(decode["args"]) == {"llm_config", "pair", "prefill", "covered"}
     assert decode["args"]["prefill"] == {"app": "pd-prefill", "deployment": "Prefill:qwen3_5-9b"}
     assert prefill["args"]["pair"] == decode["args"]["pair"]  # one model, one weight format: paired
     (model,) = ingress["args"]["models"]
@@ -203,7 +203,12 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert spec["nodeSelector"] == {"role": "gpu-worker"}
     (container,) = spec["containers"]
     assert container["image"] == RAY_IMAGE
-    assert container["securityContext"] == {"privileged": True}
+    # Unprivileged: the EFA device from the device plugin, IPC_LOCK to register memory with it.
+    assert container["securityContext"] == {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"add": ["IPC_LOCK"]},
+    }
     limits = container["resources"]["limits"]
     assert (limits["nvidia.com/gpu"], limits["vpc.amazonaws.com/efa"]) == (1, 1)
     # g6.8xlarge: 32 vCPUs, 128 GiB; the pod leaves 4 vCPUs and a fifth of memory to the node,
@@ -215,10 +220,12 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     assert env["RAY_LOG_TO_STDERR"]["value"] == "1"  # engine lines in the pod log, not /tmp/ray files
     assert env["VLLM_HOST_IP"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert env["VLLM_SSM_CONV_STATE_LAYOUT"]["value"] == "DS"
-    # The KV guard's and the failover's code, mounted whether each is on or off
-    # (RayServiceProps.kv_guard_program, failover_program); the node cache's code and the node's disk.
+    # The proxy checks' code (the body's bound, always), the KV guard's and the failover's code, mounted
+    # whether each is on or off (RayServiceProps.kv_guard_program, failover_program); the node cache's
+    # code and the node's disk.
     assert container["volumeMounts"] == [
         {"name": "dshm", "mountPath": "/dev/shm"},
+        {"name": "api-keys-code", "mountPath": "/opt/eks-pd/python", "readOnly": True},
         {"name": "kv-guard-code", "mountPath": "/opt/eks-pd/kv-guard", "readOnly": True},
         {"name": "failover-code", "mountPath": "/opt/eks-pd/failover", "readOnly": True},
         {"name": "node-cache-code", "mountPath": "/opt/eks-pd/node-cache", "readOnly": True},
@@ -226,12 +233,13 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
     ]
     assert spec["volumes"] == [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "25Gi"}},
+        {"name": "api-keys-code", "configMap": {"name": "ray-llm-api-keys-code"}},
         {"name": "kv-guard-code", "configMap": {"name": "ray-llm-kv-guard-code"}},
         {"name": "failover-code", "configMap": {"name": "ray-llm-failover-code"}},
         {"name": "node-cache-code", "configMap": {"name": "ray-llm-node-cache-code"}},
         {"name": "node-cache", "hostPath": {"path": "/mnt/k8s-disks/0/eks-pd-serving", "type": "DirectoryOrCreate"}},
     ]
-    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/kv-guard:/opt/eks-pd/failover:/opt/eks-pd/node-cache"
+    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/python:/opt/eks-pd/kv-guard:/opt/eks-pd/failover:/opt/eks-pd/node-cache"
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:
@@ -361,3 +369,46 @@ def test_no_engine_has_a_fixed_nixl_engine_id() -> None:
     args = serve_args(ray_service())
     for side in ("prefill_config", "decode_config"):
         assert "engine_id" not in args[side]["engine_kwargs"]["kv_transfer_config"]
+
+
+def test_gpu_worker_privileged_restores_a_privileged_worker() -> None:
+    (group,) = ray_service(gpu_worker_privileged=True)["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    assert container["securityContext"] == {"privileged": True}
+
+
+def _containers(service: dict[str, Any]) -> list[dict[str, Any]]:
+    cluster = service["spec"]["rayClusterConfig"]
+    groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+    return [g["template"]["spec"]["containers"][0] for g in groups]
+
+
+@pytest.mark.parametrize("settings", [{}, {"endpoint_exposure": "internal"}, {"max_model_len": 8192}])
+def test_every_serve_proxy_bounds_the_body_with_or_without_api_keys(settings: dict[str, Any]) -> None:
+    """The proxy hook is on every Ray pod, keys or none; its bound follows max_model_len (7 MiB at 4,096)."""
+    service = ray_service(**settings)
+    length = settings.get("max_model_len", 4096)
+    for container in _containers(service):
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "eks_pd_api_keys:middlewares"
+        assert env["EKS_PD_MAX_BODY_BYTES"] == str(length * 256 * 6 + 2**20)
+        assert ("EKS_PD_API_KEYS_SECRET" in env) == (settings.get("endpoint_exposure") == "internal")
+        mounts = {m["mountPath"] for m in container["volumeMounts"]}
+        assert env["PYTHONPATH"].split(":")[0] in mounts  # the hook's code is mounted where it is imported
+
+
+def test_request_templates_are_trusted_only_when_set() -> None:
+    """Off (the default): no engine trusts a request's template and the ingress refuses one. On: both
+    engines get vLLM's flag and the ingress lets it through; the phases' pair key is unchanged."""
+    off, on = (
+        yaml.safe_load(ray_service(**s)["spec"]["serveConfigV2"]) for s in ({}, {"trust_request_chat_template": True})
+    )
+    for config, trusted in ((off, False), (on, True)):
+        for app in config["applications"]:
+            if "llm_config" in app["args"]:
+                assert app["args"]["llm_config"]["engine_kwargs"].get("trust_request_chat_template", False) is trusted
+            else:
+                (model,) = app["args"]["models"]
+                assert model.get("trust_request_chat_template", False) is trusted
+    pairs = [{a["name"]: a["args"].get("pair") for a in c["applications"]} for c in (off, on)]
+    assert pairs[0] == pairs[1]

@@ -183,6 +183,12 @@ _SAMPLING = {
     "skip_special_tokens": SCALAR,
     "spaces_between_special_tokens": SCALAR,
     "add_special_tokens": SCALAR,
+    "truncate_prompt_tokens": SCALAR,
+    "allowed_token_ids": [SCALAR],
+    "bad_words": [SCALAR],
+    "echo": SCALAR,
+    "return_tokens_as_token_ids": SCALAR,
+    "return_token_ids": SCALAR,
     "response_format": {
         "type": SCALAR,
         "json_schema": {"name": SCALAR, "description": SCALAR, "schema": ANY, "strict": SCALAR},
@@ -208,7 +214,6 @@ REQUEST_SHAPES: dict[str, dict[str, Any]] = {
     "completions": {
         **_SAMPLING,
         "prompt": (SCALAR, [(SCALAR, [SCALAR])]),
-        "echo": SCALAR,
         "suffix": SCALAR,
     },
 }
@@ -834,7 +839,13 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
     resolved at the first call, so the two start in any order."""
 
     async def __init__(  # type: ignore[misc]  # Serve's async constructor, as Ray's PDDecodeServer has
-        self, llm_config: Any, *, prefill: dict[str, str], pair: str, covered: list[list[str]] | None = None, **kwargs: Any
+        self,
+        llm_config: Any,
+        *,
+        prefill: dict[str, str],
+        pair: str,
+        covered: list[list[str]] | None = None,
+        **kwargs: Any,
     ) -> None:
         check_versions(covered or [])
         self._failover = DEFAULT_FAILOVER
@@ -1027,9 +1038,8 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             body = _sanitize_chat_completion_request(body)
         base = model_id.split(":", 1)[0]
         refusal = too_long(body, await self._chars_limit(base, decode), self._max_model_lens.get(base))
-        if refusal is not None:  # before it crosses to any engine
-            yield refusal
-            return
+        if refusal is not None:  # before it crosses to any engine, answered whole (``param`` kept)
+            raise ClientRefusal(refusal)
         raw = RawRequestInfo.from_starlette_request(raw_request) if raw_request is not None else None
         wait_s, reasons = self._failover.wait_s, []
         if self._decode.admit():
@@ -1086,18 +1096,32 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             yield chunk
 
     async def _process_llm_request(self, body: Any, call_method: str, raw_request: Any = None) -> Response:
-        """Ray's, after ``_client_refusal``, with the refusal as HTTP 503 and ``Retry-After`` (Ray's
-        error path sets no header)."""
+        """Ray's, after ``_client_refusal``, with the ingress's own refusals answered whole: a client's
+        (``ClientRefusal``), and the pair's 503s with ``Retry-After`` (Ray's error path sets no header
+        and names every error by its own class)."""
         fields = await _sent(body, raw_request)
         refusal = self._client_refusal(body, call_method, fields)
         if refusal is not None:
             return refusal
         try:
             return await super()._process_llm_request(body, call_method, raw_request)
+        except ClientRefusal as refused:
+            error = refused.response.error
+            return _error_response(error.code or 400, error.message, error.type, error.param)
         except OpenAIHTTPException as error:
-            if error.status_code != 503 or error.type != REFUSED_TYPE:
+            if error.status_code != 503 or error.type not in (REFUSED_TYPE, POISONED_TYPE):
                 raise
-            return _error_response(503, error.message, REFUSED_TYPE, None, {"Retry-After": str(int(COOLDOWN_S))})
+            return _error_response(503, error.message, error.type, None, {"Retry-After": str(int(COOLDOWN_S))})
+
+
+class ClientRefusal(Exception):
+    """The ingress's own answer to a client's request (``response``, an ErrorResponse), raised out of
+    ``_get_response`` so that ``_process_llm_request`` answers it whole: Ray's error path keeps only
+    a first chunk's message and code, not its ``param`` or type."""
+
+    def __init__(self, response: Any) -> None:
+        super().__init__(response.error.message)
+        self.response = response
 
 
 async def _sent(body: Any, raw_request: Any) -> Any:
