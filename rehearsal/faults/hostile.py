@@ -53,7 +53,13 @@ class HostileRequests(Fault):
         seen = (judged.get("probes") or [{}])[0].get("seen", {})
         if not seen:
             return False
-        ingress_ok = all(v["status"] == 400 and v["param"] == v["expected"] for v in seen["ingress"].values())
+        # vLLM's own request model refuses some types (null, an object) before the allowlist reads them:
+        # 400 either way; the allowlist names the field wherever the model took the request.
+        model_refused = {k.split(" ", 1)[1] for k, v in seen["engines"].items() if v == "not a request"}
+        ingress_ok = all(
+            v["status"] == 400 and (v["param"] == v["expected"] or name.split(" ", 1)[1] in model_refused)
+            for name, v in seen["ingress"].items()
+        )
         engines = list(seen["engines"].values())
         engines_ok = "answered" in engines and all(v in ("answered", "not a request") for v in engines)
         same = bool(seen["processes_before"]) and seen["processes_before"] == seen["processes_after"]

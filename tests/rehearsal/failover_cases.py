@@ -12,7 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/failover"))
+FAILOVER = Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/failover"
+sys.path.insert(0, str(FAILOVER))
+# Ray's workers import the module as the pods do, from their PYTHONPATH (its shared poisoned-request store).
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAILOVER), os.environ.get("PYTHONPATH")]))
 
 import eks_pd_failover as failover
 import ray
@@ -257,12 +260,19 @@ async def main() -> None:
     failover.scrub(request, keep_transfer=True)  # decode's own, on prefill's side
     assert (request.kv_transfer_params, request.vllm_xargs) == ({"do_remote_decode": True}, None)
     now = [0.0]
-    poisoned = failover.Poisoned(cooldown_s=5.0, clock=lambda: now[0])
+    poisoned = failover.Poisoned(cooldown_s=5.0, clock=lambda: now[0], shared=False)
     poisoned.add(request)
     same = CompletionRequest(model="m", prompt="p", kv_transfer_params={"do_remote_decode": True}, stream=True)
-    assert poisoned.holds(same) and not poisoned.holds(CompletionRequest(model="m", prompt="q"))
+    assert await poisoned.holds(same) and not await poisoned.holds(CompletionRequest(model="m", prompt="q"))
     now[0] = 5.0
-    assert not poisoned.holds(same)  # for the cooldown only
+    assert not await poisoned.holds(same)  # for the cooldown only
+    # Another replica (another process's record) learns it from the store they share.
+    here, there = failover.Poisoned(cooldown_s=5.0), failover.Poisoned(cooldown_s=5.0)
+    here.add(same)
+    deadline = time.monotonic() + 10
+    while not await there.holds(same) and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert await there.holds(same) and not await there.holds(CompletionRequest(model="m", prompt="q"))
     assert failover.poisoned_refusal("decode").error.code == 503
     print("ok engines clear the orchestrator's fields on every path; its body is refused for the cooldown")
 

@@ -239,7 +239,10 @@ def test_workers_take_a_whole_gpu_node_with_efa(default_service: dict[str, Any])
         {"name": "node-cache-code", "configMap": {"name": "ray-llm-node-cache-code"}},
         {"name": "node-cache", "hostPath": {"path": "/mnt/k8s-disks/0/eks-pd-serving", "type": "DirectoryOrCreate"}},
     ]
-    assert env["PYTHONPATH"]["value"] == "/opt/eks-pd/python:/opt/eks-pd/kv-guard:/opt/eks-pd/failover:/opt/eks-pd/node-cache"
+    assert (
+        env["PYTHONPATH"]["value"]
+        == "/opt/eks-pd/python:/opt/eks-pd/kv-guard:/opt/eks-pd/failover:/opt/eks-pd/node-cache"
+    )
 
 
 def test_dense_models_do_not_get_the_hybrid_layout() -> None:

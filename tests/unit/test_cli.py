@@ -525,6 +525,10 @@ def test_verify_sees_the_network_policies_the_stack_applies(template_file: Path)
         Replay.routes = {(path, ""): (json.dumps(body), "")}
         check = verify.check_network_policies(client.NetworkingV1Api(api), "inference")
         assert not check.passed and "missing ['default-deny-ingress']" in check.detail
+        body["items"] = [p for p in policies if p["metadata"]["name"] != "ray-egress"]  # egress unlimited
+        Replay.routes = {(path, ""): (json.dumps(body), "")}
+        check = verify.check_network_policies(client.NetworkingV1Api(api), "inference")
+        assert not check.passed and "missing ['ray-egress']" in check.detail
     finally:
         server.shutdown()
 

@@ -47,7 +47,7 @@ import httpx
 from ..capacity.checks import block_times
 from ..config import derived
 from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
-from ..k8s.names import LOCK_DOWN_POLICIES, endpoint_service_name
+from ..k8s.names import LOCK_DOWN_POLICIES, RAY_EGRESS_POLICY, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
 from ..observability import catalogue as om
@@ -300,14 +300,15 @@ def check_capacity_blocks(settings: Any, ec2: Callable[[], Any], now: datetime.d
     return found
 
 
-NETWORK_POLICIES = LOCK_DOWN_POLICIES
+# Who reaches the Ray pods, and whom they reach (a client's request names no host the pods may call).
+NETWORK_POLICIES = (*LOCK_DOWN_POLICIES, RAY_EGRESS_POLICY)
 
 
 def check_network_policies(networking: Any, namespace: str) -> Check:
     found = {p.metadata.name for p in networking.list_namespaced_network_policy(namespace).items}
     missing = [name for name in NETWORK_POLICIES if name not in found]
     detail = (
-        f"missing {missing}: the Ray head is open to every pod. Fix: redeploy the stack"
+        f"missing {missing}: the Ray pods are open to every pod, or may connect anywhere. Fix: redeploy the stack"
         if missing
         else (f"{len(NETWORK_POLICIES)} in {namespace}; enforced only with the VPC CNI's enableNetworkPolicy")
     )

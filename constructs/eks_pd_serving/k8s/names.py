@@ -9,6 +9,8 @@ RAY_CLUSTER_POLICY = "ray-cluster-internal"
 OPERATOR_POLICY = "ray-from-operator"
 SERVE_POLICY = "ray-serve-from-clients"
 LOCK_DOWN_POLICIES = (DEFAULT_DENY_POLICY, RAY_CLUSTER_POLICY, OPERATOR_POLICY, SERVE_POLICY)
+# The Ray pods' own connections, limited (the stack always applies it: ``PdServing``'s limit_egress).
+RAY_EGRESS_POLICY = "ray-egress"
 
 
 def endpoint_service_name(ray_service_name: str) -> str:

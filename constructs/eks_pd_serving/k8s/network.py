@@ -28,7 +28,7 @@ import cdk8s
 import cdk8s_plus_35 as kplus
 from constructs import Construct
 
-from .names import DEFAULT_DENY_POLICY, OPERATOR_POLICY, RAY_CLUSTER_POLICY, SERVE_POLICY
+from .names import DEFAULT_DENY_POLICY, OPERATOR_POLICY, RAY_CLUSTER_POLICY, RAY_EGRESS_POLICY, SERVE_POLICY
 from .specs import DASHBOARD_PORT, SERVE_PORT
 
 # KubeRay labels every Ray pod it creates with these (ray-operator/controllers/ray/utils/constant.go).
@@ -43,7 +43,6 @@ TLS_ENDPOINT_PORT = 443
 # TLS 1.3 and 1.2 only (the controller's default, ELBSecurityPolicy-2016-08, admits TLS 1.0).
 TLS_POLICY = "ELBSecurityPolicy-TLS13-1-2-2021-06"
 METRICS_POLICY = "ray-metrics-from-scraper"
-RAY_EGRESS_POLICY = "ray-egress"
 # The EKS Pod Identity agent's link-local address on every node (IPv4), and its port.
 POD_IDENTITY_AGENT_CIDR = "169.254.170.23/32"
 POD_IDENTITY_AGENT_PORT = 80

@@ -253,8 +253,12 @@ POISONED = (
     "the {phase} engine died while serving this request; it is not sent to the other engine, which "
     "refuses the same request for {after} s. Nothing was generated."
 )
-# At most this many poisoned bodies are remembered at once (each for COOLDOWN_S).
+# At most this many poisoned bodies are remembered at once (each for COOLDOWN_S), in each replica
+# and in the actor they share (named so in the namespace so), asked within POISONED_ASK_S.
 POISONED_KEPT = 1024
+POISONED_ACTOR = "eks-pd-poisoned-requests"
+POISONED_NAMESPACE = "eks-pd"
+POISONED_ASK_S = 0.5
 # How many replicas of one phase a request tries before the other engine, and how long it waits
 # for the router to choose another one (a phase of one replica answers at once: only the failed one).
 REPLICAS_TRIED = 2
@@ -308,11 +312,15 @@ class Refused(Exception):
 
 class Poisoned:
     """Bodies whose dispatch ended in an engine's death, by digest, each kept ``cooldown_s``: the other
-    phase refuses them meanwhile, so one request never takes down both engines."""
+    phase refuses them meanwhile, so one request never takes down both engines. Held here and in one
+    small Ray actor all replicas share (``POISONED_ACTOR``): a client's retry may reach another
+    ingress or decode replica. The shared store is asked only before a request is replayed on the
+    other phase, within ``POISONED_ASK_S``; unreachable, it is not consulted (the local record holds)."""
 
-    def __init__(self, cooldown_s: float = COOLDOWN_S, clock: Any = time.monotonic) -> None:
-        self.cooldown_s, self.clock = cooldown_s, clock
+    def __init__(self, cooldown_s: float = COOLDOWN_S, clock: Any = time.monotonic, shared: bool = True) -> None:
+        self.cooldown_s, self.clock, self.shared = cooldown_s, clock, shared
         self._until: dict[str, float] = {}
+        self._store: Any = None
 
     @staticmethod
     def digest(request: Any) -> str:
@@ -322,14 +330,57 @@ class Poisoned:
             text = repr(request)
         return hashlib.sha256(text.encode()).hexdigest()
 
+    def _shared_store(self) -> Any:
+        if self._store is None and self.shared:
+            import ray
+
+            store = ray.remote(_PoisonedStore).options(  # type: ignore[attr-defined]
+                name=POISONED_ACTOR, namespace=POISONED_NAMESPACE, get_if_exists=True, lifetime="detached",
+                num_cpus=0, max_restarts=-1,
+            )  # fmt: skip
+            self._store = store.remote(POISONED_KEPT)
+        return self._store
+
     def add(self, request: Any) -> None:
-        now = self.clock()
+        now, digest = self.clock(), self.digest(request)
         self._until = {k: t for k, t in self._until.items() if t > now}
         if len(self._until) < POISONED_KEPT:
-            self._until[self.digest(request)] = now + self.cooldown_s
+            self._until[digest] = now + self.cooldown_s
+        try:
+            store = self._shared_store()
+            if store is not None:
+                store.add.remote(digest, self.cooldown_s)
+        except Exception as error:  # the local record still holds
+            logger.warning("%s: poisoned request not shared: %s", FALLBACK_LINE, error)
 
-    def holds(self, request: Any) -> bool:
-        return bool(self._until.get(self.digest(request), 0.0) > self.clock())
+    async def holds(self, request: Any) -> bool:
+        digest = self.digest(request)
+        if self._until.get(digest, 0.0) > self.clock():
+            return True
+        try:
+            store = self._shared_store()
+            if store is None:
+                return False
+            return bool(await asyncio.wait_for(store.holds.remote(digest), POISONED_ASK_S))
+        except Exception:
+            return False
+
+
+class _PoisonedStore:
+    """The poisoned digests every replica shares (a Ray actor, ``Poisoned``), each until its own clock's deadline."""
+
+    def __init__(self, kept: int) -> None:
+        self.kept = kept
+        self.until: dict[str, float] = {}
+
+    def add(self, digest: str, cooldown_s: float) -> None:
+        now = time.monotonic()
+        self.until = {k: t for k, t in self.until.items() if t > now}
+        if len(self.until) < self.kept:
+            self.until[digest] = now + cooldown_s
+
+    def holds(self, digest: str) -> bool:
+        return self.until.get(digest, 0.0) > time.monotonic()
 
 
 def poisoned_refusal(phase: str) -> ErrorResponse:
@@ -886,7 +937,8 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
         method = _method(request)
         scrub(request)  # the ingress refuses them; never an engine's from a client
         refusal = self._down() or await self._oversized(request)
-        if refusal is None and self._poisoned.holds(request):  # it killed prefill: not served here too
+        if refusal is None and self._prefill.open_until is not None and await self._poisoned.holds(request):
+            # prefill is skipped, and this body killed it moments ago: not served here either
             refusal = poisoned_refusal("prefill")
         if refusal is not None:
             yield refusal
@@ -1058,7 +1110,7 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
                     yield poisoned_refusal("decode")
                     return
                 reasons.append(f"decode: {refused}")
-        if self._poisoned.holds(body):  # it killed decode moments ago: prefill is not offered it
+        if await self._poisoned.holds(body):  # it killed decode moments ago: prefill is not offered it
             self._paths.count("refused")
             yield poisoned_refusal("decode")
             return
