@@ -12,10 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-FAILOVER = Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/failover"
-sys.path.insert(0, str(FAILOVER))
-# Ray's workers import the module as the pods do, from their PYTHONPATH (its shared poisoned-request store).
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAILOVER), os.environ.get("PYTHONPATH")]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "constructs/eks_pd_serving/fault_tolerance/failover"))
 
 import eks_pd_failover as failover
 import ray

@@ -334,12 +334,19 @@ class Poisoned:
         if self._store is None and self.shared:
             import ray
 
-            store = ray.remote(_PoisonedStore).options(  # type: ignore[attr-defined]
+            store = ray.remote(_store_class()).options(
                 name=POISONED_ACTOR, namespace=POISONED_NAMESPACE, get_if_exists=True, lifetime="detached",
                 num_cpus=0, max_restarts=-1,
             )  # fmt: skip
             self._store = store.remote(POISONED_KEPT)
         return self._store
+
+    def warm(self) -> None:
+        """Create (or find) the shared store now, at the replica's start, so the first ask finds it running."""
+        try:
+            self._shared_store()
+        except Exception as error:
+            logger.warning("%s: the poisoned-request store is not reachable yet: %s", FALLBACK_LINE, error)
 
     def add(self, request: Any) -> None:
         now, digest = self.clock(), self.digest(request)
@@ -366,21 +373,30 @@ class Poisoned:
             return False
 
 
-class _PoisonedStore:
-    """The poisoned digests every replica shares (a Ray actor, ``Poisoned``), each until its own clock's deadline."""
+def _store_class() -> type:
+    """The poisoned digests every replica shares (a Ray actor, ``Poisoned``), each until the actor's
+    own clock's deadline. Made in a function so that Ray ships the class by value: its worker then
+    imports nothing of this module (which imports vLLM, seconds of a start)."""
 
-    def __init__(self, kept: int) -> None:
-        self.kept = kept
-        self.until: dict[str, float] = {}
+    class PoisonedStore:
+        def __init__(self, kept: int) -> None:
+            self.kept = kept
+            self.until: dict[str, float] = {}
 
-    def add(self, digest: str, cooldown_s: float) -> None:
-        now = time.monotonic()
-        self.until = {k: t for k, t in self.until.items() if t > now}
-        if len(self.until) < self.kept:
-            self.until[digest] = now + cooldown_s
+        def add(self, digest: str, cooldown_s: float) -> None:
+            import time as clock
 
-    def holds(self, digest: str) -> bool:
-        return self.until.get(digest, 0.0) > time.monotonic()
+            now = clock.monotonic()
+            self.until = {k: t for k, t in self.until.items() if t > now}
+            if len(self.until) < self.kept:
+                self.until[digest] = now + cooldown_s
+
+        def holds(self, digest: str) -> bool:
+            import time as clock
+
+            return self.until.get(digest, 0.0) > clock.monotonic()
+
+    return PoisonedStore
 
 
 def poisoned_refusal(phase: str) -> ErrorResponse:
@@ -903,6 +919,7 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
         self._pair = pair
         self._prefill = Breaker("prefill")
         self._poisoned = Poisoned()
+        self._poisoned.warm()
         self._paths = _Counter()
         handle = other_phase(prefill)
         await super().__init__(llm_config, prefill_server=handle, **kwargs)
@@ -1026,6 +1043,7 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
         self._trusted_templates = frozenset(trusted_templates)
         self._decode = Breaker("decode")
         self._poisoned = Poisoned()
+        self._poisoned.warm()
         self._paths = _Counter()
         self._chars_limits: dict[str, int | None] = {}
         self._ask_limit_after = 0.0
