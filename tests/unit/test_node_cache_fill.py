@@ -4,6 +4,7 @@ call it sends recorded: a node reads the weights once per revision, a restart re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Iterator
@@ -24,10 +25,14 @@ FILES = {"model-00001-of-00002.safetensors": b"a" * 70_000, "model-00002-of-0000
          "config.json": b"{}", "tokenizer.json": b"{\"t\": 1}"}  # fmt: skip
 
 
-def stage(s3: Any, prefix: str, snapshot: bytes) -> None:
-    """The checkpoint's files under ``prefix`` as the staging writes them, with its ``hash``."""
+def stage(s3: Any, prefix: str, snapshot: bytes, manifest: bool = True) -> None:
+    """The checkpoint's files under ``prefix`` as the staging writes them, with its manifest (each
+    file's size and SHA-256: ``stage.MANIFEST``) and its ``hash``."""
     for name, body in FILES.items():
         s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{name}", Body=body)
+    if manifest:
+        files = {n: {"bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in FILES.items()}
+        s3.put_object(Bucket=BUCKET, Key=f"{prefix}/{cache.MANIFEST}", Body=json.dumps({"files": files}))
     s3.put_object(Bucket=BUCKET, Key=f"{prefix}/hash", Body=snapshot)
 
 
@@ -52,20 +57,25 @@ def s3_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, str]]]
 
 
 def _weights_read(calls: list[tuple[str, str]]) -> list[str]:
-    return [key for op, key in calls if op in ("GetObject", "HeadObject") and not key.endswith("/hash")]
+    skipped = ("/hash", f"/{cache.MANIFEST}")
+    return [key for op, key in calls if op in ("GetObject", "HeadObject") and not key.endswith(skipped)]
 
 
 def test_a_node_fills_once_and_a_restart_reads_no_weights(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
     folder = tmp_path / "weights" / "Qwen--Qwen3.5-9B" / "main"
     line = cache.fill(SOURCE, folder)
     assert line.startswith(f"node cache: filled {folder} with snapshot snapshot-1 from {SOURCE}: 4 files")
+    assert "SHA-256 verified" in line
     assert {p.name: p.read_bytes() for p in folder.iterdir() if p.name != cache.COMPLETE} == FILES
     assert json.loads((folder / cache.COMPLETE).read_text())["snapshot"] == "snapshot-1"
     assert sorted(_weights_read(s3_calls)) != []
     s3_calls.clear()
     again = cache.fill(SOURCE, folder)
-    assert again == f"node cache: {folder} holds snapshot snapshot-1, no weights read from S3"
-    assert _weights_read(s3_calls) == [] and s3_calls == [("GetObject", f"{PREFIX}/hash")]
+    assert again == (
+        f"node cache: {folder} holds snapshot snapshot-1, no weights read from S3 (sizes checked against the manifest)"
+    )
+    assert _weights_read(s3_calls) == []
+    assert s3_calls == [("GetObject", f"{PREFIX}/hash"), ("GetObject", f"{PREFIX}/{cache.MANIFEST}")]
     # verify reads these two lines out of a worker's log (its cold-start split).
     patterns = verify._COLD_START_LINES
     assert patterns["filled"][0].search(line) and patterns["reused"][0].search(again)
@@ -141,3 +151,40 @@ def test_a_copy_another_start_holds_is_not_removed(tmp_path: Path, s3_calls: lis
         cache.fill(f"s3://{BUCKET}/models/m/r3", model / "r3")
     assert sorted(p.name for p in model.iterdir() if p.is_dir()) == ["r1", "r2", "r3"]
     assert cache.prune(model) == [model / "r1"]  # removed once nothing holds it
+
+
+def test_a_reused_copy_of_other_sizes_is_filled_again(tmp_path: Path, s3_calls: list[tuple[str, str]]) -> None:
+    """A copy its ``.complete`` calls good but whose file another writer changed (a worker mounts the
+    node's disk read-write): its size is not the manifest's, so it is filled again from S3."""
+    folder = tmp_path / "main"
+    cache.fill(SOURCE, folder)
+    (folder / "config.json").write_bytes(b'{"tampered": true}')
+    line = cache.fill(SOURCE, folder)
+    assert "filled" in line and "SHA-256 verified" in line
+    assert (folder / "config.json").read_bytes() == FILES["config.json"]
+
+
+def test_a_fill_whose_files_are_not_the_manifests_is_refused_and_puts_nothing_in_place(
+    tmp_path: Path, s3_calls: list[tuple[str, str]]
+) -> None:
+    """The bucket's file changed after staging (same size, other bytes): its SHA-256 is not the
+    manifest's; nothing is put in place under the folder's name."""
+    boto3.client("s3").put_object(Bucket=BUCKET, Key=f"{PREFIX}/config.json", Body=b"[]")
+    with pytest.raises(cache.NodeCacheError, match=r"SHA-256 is not the staged manifest's \(config.json\)"):
+        cache.fill(SOURCE, tmp_path / "main")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["main.lock"]
+
+
+def test_a_revision_staged_without_a_manifest_is_served_and_says_so(
+    tmp_path: Path, s3_calls: list[tuple[str, str]]
+) -> None:
+    stage(boto3.client("s3"), "models/old/main", b"old", manifest=False)
+    folder = tmp_path / "old"
+    assert "no manifest staged" in cache.fill(f"s3://{BUCKET}/models/old/main", folder)
+    assert "no manifest staged" in cache.fill(f"s3://{BUCKET}/models/old/main", folder)
+
+
+def test_the_fill_and_the_staging_name_the_same_manifest() -> None:
+    from eks_pd_serving.weights.job import stage as staging
+
+    assert cache.MANIFEST == staging.MANIFEST and cache.MANIFEST in cache.SKIPPED

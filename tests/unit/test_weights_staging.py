@@ -3,7 +3,9 @@ classes, and the custom resource's handlers against botocore's Stubber for CodeB
 
 from __future__ import annotations
 
+import hashlib
 import io
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,8 +71,16 @@ def test_stages_what_an_engine_loads_then_the_hash_ray_reads_and_the_marker(s3: 
     hub = Hub(FILES)
     assert _run(s3, hub) == "staged"
     staged = [f"{PREFIX}/{f}" for f in ("config.json", "hash", "model-00001-of-00002.safetensors",
-                                        "model-00002-of-00002.safetensors", "tokenizer.json", ".staged")]  # fmt: skip
+                                        "model-00002-of-00002.safetensors", "tokenizer.json", ".staged",
+                                        stage.MANIFEST)]  # fmt: skip
     assert _keys(s3) == sorted(staged)  # not original/ nor the README
+    # Each staged file's size and SHA-256, which the node cache checks its copy against.
+    manifest = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{stage.MANIFEST}")["Body"].read())["files"]
+    assert sorted(manifest) == sorted(f.removeprefix(f"{PREFIX}/") for f in staged if "." in f and "/." not in f
+                                      and not f.endswith("/hash"))  # fmt: skip
+    for name, entry in manifest.items():
+        body = s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{name}")["Body"].read()
+        assert entry == {"bytes": len(body), "sha256": hashlib.sha256(body).hexdigest()}
     assert s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/hash")["Body"].read() == b"0123abcd" * 5
     # Downloaded at the resolved commit, one file at a time.
     body = s3.get_object(Bucket=BUCKET, Key=f"{PREFIX}/config.json")["Body"].read()

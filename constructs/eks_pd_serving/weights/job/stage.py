@@ -6,13 +6,15 @@ File by file (download one, upload it, delete it), so the job's disk holds one s
 whatever the model's size. Skipped when ``<prefix>/.staged`` exists. A failure writes one line
 (model, revision, HTTP status, the fix) to ``<prefix>/.staging-error`` for the deploy's custom
 resource to report, and exits 1. ``<prefix>/hash`` holds the commit staged, where Ray Serve LLM's S3
-mirror looks for it. The token is never printed. Standard library, boto3 and
+mirror looks for it; ``<prefix>/.manifest.json`` each file's size and SHA-256, which the node cache
+checks a copy against. The token is never printed. Standard library, boto3 and
 huggingface_hub only: it runs unchanged in the job and in the tests.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import json
 import os
 import sys
@@ -26,6 +28,9 @@ ERROR = ".staging-error"
 # Ray Serve LLM's S3 mirror reads the snapshot id from this object (ray 2.58,
 # llm/_internal/common/utils/cloud_utils.py, CloudFileSystem.download_model).
 HASH = "hash"
+# Each staged file's size and SHA-256 ({"files": {name: {"bytes": n, "sha256": hex}}}): what a node's
+# copy is checked against (weights/node_cache). Written before ``hash``.
+MANIFEST = ".manifest.json"
 # What an engine loads: weights as safetensors, configs, tokenizer files, chat templates. Not the
 # original/ consolidated checkpoints some repositories also carry (Llama: 16 GB more).
 PATTERNS = ("*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja", "*.py")
@@ -34,6 +39,14 @@ EXCLUDED = ("original/*", "*/original/*")
 
 class StagingFailed(Exception):
     """One line naming the model, the revision, what Hugging Face answered and the fix."""
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def wanted(files: Sequence[str]) -> list[str]:
@@ -104,9 +117,11 @@ def stage(
                 "Fix: choose a revision or repository that publishes safetensors"
             )
         log(f"staging {model}@{info.sha} ({len(files)} files) into s3://{bucket}/{prefix}/")
+        manifest: dict[str, dict[str, Any]] = {}
         with tempfile.TemporaryDirectory() as work:
             for name in files:
                 local = download(model, name, revision=info.sha, token=token, local_dir=work)
+                manifest[name] = {"bytes": Path(local).stat().st_size, "sha256": sha256_of(Path(local))}
                 s3.upload_file(local, bucket, f"{prefix}/{name}")
                 Path(local).unlink()
                 log(f"  {name}")
@@ -118,6 +133,7 @@ def stage(
         if isinstance(error, errors.HfHubHTTPError | OSError):
             raise StagingFailed(_reason(error, model, revision, token is not None)) from None
         raise
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/{MANIFEST}", Body=json.dumps({"files": manifest}, sort_keys=True))
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{HASH}", Body=str(info.sha).encode())
     s3.put_object(Bucket=bucket, Key=f"{prefix}/{MARKER}", Body=json.dumps({"model": model, "sha": info.sha}))
     return "staged"

@@ -6,9 +6,11 @@ the callback's ``on_before_download_model_files_distributed`` on every node of t
 placement group before the engine reads ``model_source`` (Ray 2.58,
 ``serve/utils/node_initialization_utils.py``). It makes that folder hold the staged revision:
 
-- complete and of the staged snapshot (the ``hash`` object, a few bytes): nothing else is read;
-- missing, partial or of another snapshot: the files are copied from S3 into a folder beside it and
-  renamed into place, so the engine never reads half a checkpoint under its name;
+- complete and of the staged snapshot (the ``hash`` object, a few bytes), each file of the size the
+  staged manifest records (``.manifest.json``, a few KB): nothing else is read;
+- missing, partial, of another snapshot or of other sizes: the files are copied from S3 into a folder
+  beside it, each checked against the manifest's SHA-256, and renamed into place, so the engine never
+  reads half a checkpoint, or one that is not the staged one, under its name;
 - S3 unreachable, with a complete copy: the copy serves, and the log says so.
 
 One fill at a time per folder on a node (an ``flock`` on the node's disk, which every pod there
@@ -20,6 +22,7 @@ Standard library and boto3 (which the image's Ray uses for its own S3 mirror).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -33,7 +36,10 @@ from typing import Any
 CALLBACK_CLASS = "eks_pd_node_cache:NodeWeights"
 # The staging job's objects beside the files (weights/job/stage.py): not part of the checkpoint.
 HASH = "hash"
-SKIPPED = (".staged", ".staging-error", HASH)
+# Each staged file's size and SHA-256, which a fill verifies and a reused copy is checked against by
+# sizes (weights/job/stage.py's MANIFEST). Revisions staged before it have none: nothing to check.
+MANIFEST = ".manifest.json"
+SKIPPED = (".staged", ".staging-error", HASH, MANIFEST)
 # Written last into a complete copy: the snapshot it holds, its files and how long the copy took.
 COMPLETE = ".complete"
 KEEP = 2
@@ -76,6 +82,43 @@ def staged_snapshot(client: Any, bucket: str, prefix: str) -> str:
     """The snapshot id the staging job wrote beside the files (Ray's mirror reads the same)."""
     body: bytes = client.get_object(Bucket=bucket, Key=prefix + HASH)["Body"].read()
     return body.decode().strip()
+
+
+def staged_manifest(client: Any, bucket: str, prefix: str) -> dict[str, dict[str, Any]] | None:
+    """Each staged file's size and SHA-256, or None when the revision was staged without them."""
+    try:
+        body: bytes = client.get_object(Bucket=bucket, Key=prefix + MANIFEST)["Body"].read()
+    except Exception as error:  # NoSuchKey (403 without s3:ListBucket): staged before manifests
+        if "NoSuchKey" in str(error) or "AccessDenied" in str(error) or "404" in str(error):
+            return None
+        raise
+    return dict(json.loads(body)["files"])
+
+
+def off_sizes(folder: Path, manifest: dict[str, dict[str, Any]]) -> list[str]:
+    """The files of ``folder`` whose size is not the manifest's (or that are missing)."""
+    off = []
+    for name, entry in sorted(manifest.items()):
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != int(entry["bytes"]):
+            off.append(name)
+    return off
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def off_digests(folder: Path, manifest: dict[str, dict[str, Any]]) -> list[str]:
+    """The files of ``folder`` whose SHA-256 is not the manifest's (read in ``FILES_AT_ONCE`` threads)."""
+    names = sorted(manifest)
+    with ThreadPoolExecutor(FILES_AT_ONCE) as pool:
+        found = list(pool.map(lambda n: (folder / n).is_file() and _sha256(folder / n), names))
+    return [n for n, digest in zip(names, found, strict=True) if digest != manifest[n]["sha256"]]
 
 
 def _listing(client: Any, bucket: str, prefix: str) -> list[tuple[str, int]]:
@@ -150,9 +193,20 @@ def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
                     f"node cache: cannot read {source}/{HASH} ({error}) and {folder} holds no copy"
                 ) from error
             return f"node cache: {folder} serves snapshot {have} (S3 unreachable: {error})"
+        try:
+            manifest = staged_manifest(client, bucket, prefix)
+        except Exception as error:
+            if have != wanted:
+                raise NodeCacheError(f"node cache: cannot read {source}/{MANIFEST} ({error})") from error
+            return f"node cache: {folder} serves snapshot {have} (its manifest unreadable: {error})"
         if have == wanted:
-            os.utime(folder / COMPLETE)
-            return f"node cache: {folder} holds snapshot {wanted}, no weights read from S3"
+            off = off_sizes(folder, manifest) if manifest is not None else []
+            if not off:
+                os.utime(folder / COMPLETE)
+                checked = "sizes checked against the manifest" if manifest is not None else "no manifest staged"
+                return f"node cache: {folder} holds snapshot {wanted}, no weights read from S3 ({checked})"
+            print(f"node cache: {folder} differs from the manifest ({', '.join(off[:5])}): filled again",
+                  file=sys.stderr, flush=True)  # fmt: skip
         started = time.monotonic()
         files = _listing(client, bucket, prefix)
         if not files:
@@ -163,6 +217,15 @@ def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
         _copy(client, transfer, bucket, prefix, files, partial)
+        if manifest is not None:
+            off = off_digests(partial, manifest)
+            if off:
+                shutil.rmtree(partial, ignore_errors=True)
+                raise NodeCacheError(
+                    f"node cache: {source} holds files whose SHA-256 is not the staged manifest's "
+                    f"({', '.join(off[:5])}); nothing was put in place. Fix: stage the revision again (delete its "
+                    ".staged marker)"
+                )
         seconds = time.monotonic() - started
         record = {
             "snapshot": wanted,
@@ -179,7 +242,8 @@ def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
         gone = f"; removed {', '.join(p.name for p in removed)}" if removed else ""
         return (
             f"node cache: filled {folder} with snapshot {wanted} from {source}: {len(files)} files, "
-            f"{size / 2**30:.2f} GiB in {seconds:.1f} s ({size / 2**20 / max(seconds, 1e-3):.0f} MiB/s){gone}"
+            f"{size / 2**30:.2f} GiB in {seconds:.1f} s ({size / 2**20 / max(seconds, 1e-3):.0f} MiB/s), "
+            f"{'SHA-256 verified' if manifest is not None else 'no manifest staged'}{gone}"
         )
 
 
