@@ -231,43 +231,28 @@ def _run_hook(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_rays_proxy_hook_loads_the_api_key_check_from_the_pods_config_map(tmp_path: Path) -> None:
-    files, containers = _api_key_pods(tmp_path)
+@pytest.mark.parametrize(("exposure", "keys"), [("internal", True), ("port-forward", False)])
+def test_rays_proxy_hook_loads_the_checks_from_the_pods_config_map(tmp_path: Path, exposure: str, keys: bool) -> None:
+    """On the head and every worker: the body's bound always, the API keys with the internal endpoint."""
+    files, containers = _api_key_pods(tmp_path, endpoint_exposure=exposure)
     assert set(files) == {"eks_pd_api_keys.py"}
     for container in containers:
         env = {e["name"]: e.get("value", "") for e in container["env"]}
         (mount,) = [m for m in container["volumeMounts"] if m["name"] == "api-keys-code"]
         assert env["PYTHONPATH"].split(":")[0] == mount["mountPath"] and mount["readOnly"] is True
+        assert ("EKS_PD_API_KEYS_SECRET" in env) is keys
         # On this machine the mount is tmp_path (the secret is unreachable: no AWS credentials here).
-        # A request without a key is refused before the router; health reaches it.
+        # Without a key a request is refused before the router (health reaches it); a body one byte
+        # over the bound is refused on every path, the open health path included.
         env["PYTHONPATH"] = str(tmp_path)
         result = _run_hook(env)
         assert result.returncode == 0, result.stdout + result.stderr
-        limit = int(env["EKS_PD_MAX_BODY_BYTES"])
+        limit, without_key = int(env["EKS_PD_MAX_BODY_BYTES"]), "401 refused" if keys else "200 reached"
         assert result.stdout.splitlines() == [
-            "middlewares: ApiKeyMiddleware, BodyLimitMiddleware",
+            "middlewares: " + ("ApiKeyMiddleware, " if keys else "") + "BodyLimitMiddleware",
             "/-/healthz 200 reached",
-            "/v1/models 401 refused",
-            "/-/routes 401 refused",
-            f"POST {limit + 1} bytes 413 refused",  # the health path is open to keys, not to a body
-        ]
-
-
-def test_by_default_every_proxy_bounds_the_body_without_keys(tmp_path: Path) -> None:
-    """No API keys (the default): the same hook, the body's bound alone, on the head and every worker."""
-    _files, containers = _api_key_pods(tmp_path, endpoint_exposure="port-forward")
-    for container in containers:
-        env = {e["name"]: e.get("value", "") for e in container["env"]}
-        assert "EKS_PD_API_KEYS_SECRET" not in env
-        env["PYTHONPATH"] = str(tmp_path)
-        result = _run_hook(env)
-        assert result.returncode == 0, result.stdout + result.stderr
-        limit = int(env["EKS_PD_MAX_BODY_BYTES"])
-        assert result.stdout.splitlines() == [
-            "middlewares: BodyLimitMiddleware",
-            "/-/healthz 200 reached",
-            "/v1/models 200 reached",
-            "/-/routes 200 reached",
+            f"/v1/models {without_key}",
+            f"/-/routes {without_key}",
             f"POST {limit + 1} bytes 413 refused",
         ]
 
