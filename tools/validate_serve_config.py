@@ -153,8 +153,16 @@ def validate(serve_config: dict[str, Any]) -> list[str]:
             )
             continue
         allowed = {"llm_config", "pair"} | ({"prefill"} if role == "decode" else set())
-        if set(given) != allowed:
-            raise ValueError(f"application {app.name!r}: a phase's args are {sorted(allowed)}; got {sorted(given)}")
+        if set(given) - {"covered"} != allowed:
+            raise ValueError(
+                f"application {app.name!r}: a phase's args are {sorted(allowed)} and covered; got {sorted(given)}"
+            )
+        # The Ray and vLLM pairs the failover's record covers (an engine refuses to start on others).
+        if "covered" in given and ray.__version__ not in {pair[0] for pair in given["covered"]}:
+            raise ValueError(
+                f"application {app.name!r}: its engines would refuse to start on Ray {ray.__version__}: "
+                f"covered is {given['covered']}"
+            )
         if role == "decode":
             where = given["prefill"]
             if where.get("deployment") not in {

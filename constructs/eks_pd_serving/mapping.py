@@ -387,18 +387,11 @@ NODE_CACHE_CODE = "eks-pd-serving/node-cache-code"
 GCS_AUTH_CONTAINER = "gcs-auth"
 
 
-# The largest request body a Serve proxy relays: what max_model_len tokens can spell as JSON, each
-# token of at most BODY_TOKEN_CHARS characters (a bound, not read from the tokenizer: the ingress's
-# character bound, which is, refuses long prompts far below this), each character at most 6 bytes
-# (a JSON "\uXXXX" escape), plus BODY_ALLOWANCE_BYTES for the request's other fields.
-BODY_TOKEN_CHARS = 256
-JSON_BYTES_PER_CHAR = 6
-BODY_ALLOWANCE_BYTES = 1024 * 1024
-
-
 def max_body_bytes(config: DeploymentConfig) -> int:
-    """Every Serve proxy's bound on a request body (``k8s.RayServiceProps.max_body_bytes``)."""
-    return config.max_model_len * BODY_TOKEN_CHARS * JSON_BYTES_PER_CHAR + BODY_ALLOWANCE_BYTES
+    """Every Serve proxy's bound on a request body (``k8s.RayServiceProps.max_body_bytes``): the
+    setting, or max_model_len's need rounded up to a power of two (``derived.request_body_mib``), so most
+    max_model_len changes restart no pod (the proxies read the bound from their env, in the pod template)."""
+    return derived.request_body_mib(config) * 2**20
 
 
 def api_keys_hook(config: DeploymentConfig) -> k8s.ProxyHook:

@@ -133,6 +133,11 @@ BROKEN: list[tuple[str, Callable[[dict[str, Any]], object], str]] = [
         "Ray names it 'Decode:qwen3_5-9b'",
     ),
     (
+        "engines on a Ray the failover's record does not cover",
+        lambda a: a["decode_args"].update(covered=[["2.99.0", "0.99.0"]]),
+        "its engines would refuse to start on Ray 2.58.0",
+    ),
+    (
         "a failover setting the builder does not take",
         lambda a: a["decode_deployment"]["user_config"].update(retries=3),
         "user_config keys are",

@@ -136,16 +136,18 @@ def test_the_ray_service_waits_for_both_associations(internal: dict[str, Any]) -
 def test_port_forward_has_no_check_unless_asked() -> None:
     default = dict(Template.from_stack(build_stack()).to_json())
     assert not _key_secrets(default)
-    assert all(proxy.CALLBACK_ENV not in _env(pod) for pod in _pods(_ray_service(default)))
+    # The proxy hook is on every pod (the body's bound), the keys are not.
+    assert all(proxy.SECRET_ENV not in _env(pod) for pod in _pods(_ray_service(default)))
+    assert all(proxy.MAX_BODY_ENV in _env(pod) for pod in _pods(_ray_service(default)))
     asked = dict(Template.from_stack(build_stack(api_keys=True)).to_json())
     assert _key_secrets(asked)
-    assert all(proxy.CALLBACK_ENV in _env(pod) for pod in _pods(_ray_service(asked)))
+    assert all(proxy.SECRET_ENV in _env(pod) for pod in _pods(_ray_service(asked)))
 
 
 def test_internal_can_be_left_open_on_purpose() -> None:
     open_nlb = dict(Template.from_stack(build_stack(endpoint_exposure="internal", api_keys=False)).to_json())
     assert not _key_secrets(open_nlb)
-    assert all(proxy.CALLBACK_ENV not in _env(pod) for pod in _pods(_ray_service(open_nlb)))
+    assert all(proxy.SECRET_ENV not in _env(pod) for pod in _pods(_ray_service(open_nlb)))
 
 
 def test_a_brought_secret_is_read_by_its_arn_and_not_created() -> None:

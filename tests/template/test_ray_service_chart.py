@@ -374,6 +374,12 @@ def test_no_engine_has_a_fixed_nixl_engine_id() -> None:
         assert "engine_id" not in args[side]["engine_kwargs"]["kv_transfer_config"]
 
 
+def test_a_max_model_len_change_within_the_body_bound_changes_no_pod() -> None:
+    """The proxies' bound is its own setting, not derived in the pod template from max_model_len."""
+    clusters = [ray_service(max_model_len=n)["spec"]["rayClusterConfig"] for n in (2048, 4096, 8192)]
+    assert clusters[0] == clusters[1] == clusters[2]
+
+
 def test_gpu_worker_privileged_restores_a_privileged_worker() -> None:
     (group,) = ray_service(gpu_worker_privileged=True)["spec"]["rayClusterConfig"]["workerGroupSpecs"]
     (container,) = group["template"]["spec"]["containers"]
@@ -386,15 +392,14 @@ def _containers(service: dict[str, Any]) -> list[dict[str, Any]]:
     return [g["template"]["spec"]["containers"][0] for g in groups]
 
 
-@pytest.mark.parametrize("settings", [{}, {"endpoint_exposure": "internal"}, {"max_model_len": 8192}])
+@pytest.mark.parametrize("settings", [{}, {"endpoint_exposure": "internal"}, {"max_request_body_mib": 64}])
 def test_every_serve_proxy_bounds_the_body_with_or_without_api_keys(settings: dict[str, Any]) -> None:
-    """The proxy hook is on every Ray pod, keys or none; its bound follows max_model_len (7 MiB at 4,096)."""
+    """The proxy hook is on every Ray pod, keys or none, with max_request_body_mib (default 16)."""
     service = ray_service(**settings)
-    length = settings.get("max_model_len", 4096)
     for container in _containers(service):
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"] == "eks_pd_api_keys:middlewares"
-        assert env["EKS_PD_MAX_BODY_BYTES"] == str(length * 256 * 6 + 2**20)
+        assert env["EKS_PD_MAX_BODY_BYTES"] == str(settings.get("max_request_body_mib", 16) * 2**20)
         assert ("EKS_PD_API_KEYS_SECRET" in env) == (settings.get("endpoint_exposure") == "internal")
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
         assert env["PYTHONPATH"].split(":")[0] in mounts  # the hook's code is mounted where it is imported

@@ -191,6 +191,12 @@ REJECTED: list[tuple[str, dict[str, Any], str]] = [
         r"max_model_len=300000 exceeds Qwen/Qwen3.5-9B's own maximum",
     ),
     (
+        "a body bound below max_model_len's need",
+        {"max_request_body_mib": 4},
+        r"max_request_body_mib=4 cannot hold a prompt of max_model_len=4096 tokens as JSON \(7.0 MiB\). Fix: set "
+        r"max_request_body_mib to 7 or more, or lower max_model_len",
+    ),
+    (
         "spaces in model id",
         {"model_id": "qwen 9b"},
         r"model_id='qwen 9b': must be non-empty and without spaces",
@@ -331,3 +337,12 @@ def test_each_phase_field_is_the_setting_of_that_name_and_type() -> None:
             assert getattr(phase_settings(config, phase), field.name) == getattr(config, name)
     with pytest.raises(ValueError, match="unknown phase 'both'"):
         phase_settings(config, "both")
+
+
+def test_the_proxies_body_bound_follows_max_model_len_by_powers_of_two() -> None:
+    """Most max_model_len changes leave the bound (and so every pod) as it is; a set value is kept."""
+    from eks_pd_serving.config import derived
+
+    bounds = {n: derived.request_body_mib(DeploymentConfig.create(max_model_len=n)) for n in (512, 4096, 10240, 10241)}
+    assert bounds == {512: 16, 4096: 16, 10240: 16, 10241: 32}
+    assert derived.request_body_mib(DeploymentConfig.create(max_request_body_mib=9)) == 9

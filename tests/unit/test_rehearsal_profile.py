@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from support import leaves
 
+from eks_pd_serving.endpoint import proxy
 from eks_pd_serving.fault_tolerance import kv_guard
 from eks_pd_serving.k8s import serve_config
 from rehearsal import profile, verdict
@@ -66,15 +67,18 @@ def test_worker_env_keeps_the_models_settings_and_drops_efa_only_ones(template_f
     env = profile.worker_env(profile.ray_service_from_template(template_file))
     # RAY_LOG_TO_STDERR stays: the rehearsal shows the NIXL line where a pod's log would have it;
     # the region (the weights' S3 reads; AWS_DEFAULT_REGION is the one botocore reads) too.
-    # The KV guard's mount becomes the package's folder holding the same file.
-    guard = str(Path(kv_guard.__file__).parent)
-    assert env.pop("PYTHONPATH").split(os.pathsep)[0] == guard
+    # The proxy checks' and the KV guard's mounts become the package's folders holding the same files.
+    proxy_code, guard = (str(Path(str(m.__file__)).parent) for m in (proxy, kv_guard))
+    assert env.pop("PYTHONPATH").split(os.pathsep)[:2] == [proxy_code, guard]
     # The compile caches move from the node's disk to this machine's stand-in for it.
     compiled = {k: env.pop(k) for k in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
     assert all(v.startswith(f"{profile.LOCAL_NODE_CACHE}/compile/") for v in compiled.values())
     assert env == {"VLLM_SSM_CONV_STATE_LAYOUT": "DS", "VLLM_HOST_IP": "127.0.0.1", "RAY_LOG_TO_STDERR": "1",
                    "AWS_REGION": "us-east-1", "AWS_DEFAULT_REGION": "us-east-1",
-                   "RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": "auto"}  # fmt: skip
+                   "RAYLLM_VLLM_ENGINE_CLS": "eks_pd_kv_guard:KvGuardEngine", "EKS_PD_KV_GUARD": "auto",
+                   # Every Serve proxy bounds the body, with or without API keys.
+                   "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH": "eks_pd_api_keys:middlewares",
+                   "EKS_PD_MAX_BODY_BYTES": str(16 * 2**20)}  # fmt: skip
 
 
 def test_worker_env_refuses_a_template_whose_kv_guard_code_is_not_this_packages(template_file: Path) -> None:

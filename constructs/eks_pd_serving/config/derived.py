@@ -194,3 +194,25 @@ def sizing(
 
 def kubernetes_release(s: Settings) -> versions.KubernetesRelease:
     return versions.KUBERNETES_RELEASES[s.kubernetes_version]
+
+
+# What a request body of max_model_len tokens can be as JSON: each token of at most this many
+# characters (a bound, not read from the tokenizer: the ingress's character bound, which is, refuses
+# long prompts far below it), each character at most 6 bytes (a "\uXXXX" escape), plus 1 MiB for
+# the request's other fields.
+BODY_TOKEN_CHARS = 256
+JSON_BYTES_PER_CHAR = 6
+BODY_ALLOWANCE_BYTES = 2**20
+
+
+def body_bytes_needed(max_model_len: int) -> int:
+    return max_model_len * BODY_TOKEN_CHARS * JSON_BYTES_PER_CHAR + BODY_ALLOWANCE_BYTES
+
+
+def request_body_mib(config: Settings) -> int:
+    """``max_request_body_mib``, or what max_model_len needs rounded up to a power of two (at least
+    16): a max_model_len change within a power of two leaves every proxy's bound, and the pods, alone."""
+    if config.max_request_body_mib is not None:
+        return config.max_request_body_mib
+    needed = -(-body_bytes_needed(config.max_model_len) // 2**20)
+    return max(16, 1 << (needed - 1).bit_length())

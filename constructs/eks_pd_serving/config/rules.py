@@ -125,6 +125,16 @@ def _check_failover(config: Settings) -> None:
             )
 
 
+def _check_request_body(config: Settings) -> None:
+    needed = derived.body_bytes_needed(config.max_model_len)
+    if config.max_request_body_mib is not None and config.max_request_body_mib * 2**20 < needed:
+        raise ValueError(
+            f"max_request_body_mib={config.max_request_body_mib} cannot hold a prompt of max_model_len="
+            f"{config.max_model_len} tokens as JSON ({needed / 2**20:.1f} MiB). Fix: set max_request_body_mib to "
+            f"{-(-needed // 2**20)} or more, or lower max_model_len"
+        )
+
+
 def _check_gcs_store(config: Settings) -> None:
     if not config.gcs_fault_tolerance:
         for key in ("gcs_store_node_type", "gcs_store_replicas"):
@@ -436,6 +446,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_root_volume,
     _check_gated_model,
     _check_pd_compatibility,
+    _check_request_body,
 )
 
 

@@ -430,6 +430,19 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("true or false"),
     )
+    max_request_body_mib: int | None = Field(
+        None,
+        ge=1,
+        le=1024,
+        description=(
+            "The largest request body every Serve proxy relays (HTTP 413 beyond it, before a byte reaches the "
+            "ingress). It must hold max_model_len tokens as JSON: max_model_len x 256 characters x 6 bytes + 1 MiB "
+            "(7 MiB at 4,096). Default: that, rounded up to a power of two, at least 16 MiB (16 up to "
+            "max_model_len 10,240, 64 at 32,768), so most max_model_len changes leave it as it is. A change of "
+            "it rebuilds the Ray cluster (the proxies read it at start)."
+        ),
+        json_schema_extra=_hint("a whole number of MiB, 1 to 1024"),
+    )
     trust_request_chat_template: bool = Field(
         False,
         description=(
@@ -725,6 +738,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     "Endpoint and API keys": (
         "endpoint_exposure", "endpoint_client_cidrs", "tls_certificate_arn", "access_logs_bucket", "api_keys",
         "api_keys_secret_arn", "api_keys_refresh_s", "api_keys_max_stale_s", "trust_request_chat_template",
+        "max_request_body_mib",
     ),
     "Autoscaling (all off by default: the counts above stay fixed)": (
         "autoscaling", "prefill_min_replicas", "prefill_max_replicas", "decode_min_replicas",

@@ -188,8 +188,8 @@ def effect(action: Action, old: Resource | None, new: Resource | None, paths: se
 
 
 def _checks_api_keys(ray_service: Mapping[str, Any]) -> bool:
-    """Whether the RayService's pods load the Serve proxies' API key check."""
-    return proxy.CALLBACK_ENV in json.dumps((ray_service.get("spec") or {}).get("rayClusterConfig"))
+    """Whether the RayService's pods check API keys (the proxy hook itself is on every pod: the body's bound)."""
+    return proxy.SECRET_ENV in json.dumps((ray_service.get("spec") or {}).get("rayClusterConfig"))
 
 
 def _gcs_fault_tolerant(ray_service: Mapping[str, Any]) -> bool:

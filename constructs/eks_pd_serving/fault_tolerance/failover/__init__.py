@@ -1,7 +1,9 @@
 """The PD pair's failover (``eks_pd_failover``, pod-side) and how it ships: its source goes into a
 ConfigMap mounted on the Ray head and every GPU worker, on the pods' PYTHONPATH, and the serve
 config's import paths name its builders (the build and the ingress may run on any Ray pod). The pod
-module imports Ray; its names are read here from its text, so the package does not need Ray."""
+module imports Ray; its names are read here from its text, so the package does not need Ray.
+``upstream`` (not shipped) records the Ray code it overrides and the Ray and vLLM pairs that record
+covers, which the phases get as args."""
 
 from __future__ import annotations
 
