@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import gzip
+import hashlib
 import json
 import os
 import subprocess
@@ -262,6 +263,11 @@ def _node_cache_calls(prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         s3.create_bucket(Bucket=BUCKET_NAME)
         for name in STAGED_FILES:
             s3.put_object(Bucket=BUCKET_NAME, Key=f"{prefix}/{name}", Body=b"x")
+        # The staging job's manifest (each file's size and SHA-256), which the fill reads as it reads hash.
+        weights = [n for n in STAGED_FILES if n not in node_cache_fill.SKIPPED]
+        entries = {n: {"bytes": 1, "sha256": hashlib.sha256(b"x").hexdigest()} for n in weights}
+        body = json.dumps({"files": entries})
+        s3.put_object(Bucket=BUCKET_NAME, Key=f"{prefix}/{node_cache_fill.MANIFEST}", Body=body)
         boto3.setup_default_session(region_name="us-east-1")
         assert boto3.DEFAULT_SESSION is not None
 

@@ -437,11 +437,15 @@ class Settings(BaseModel):
         description=(
             "The largest request body every Serve proxy relays (HTTP 413 beyond it, before a byte reaches the "
             "ingress). It must hold max_model_len tokens as JSON: max_model_len x 256 characters x 6 bytes + 1 MiB "
-            "(7 MiB at 4,096). Default: that, rounded up to a power of two, at least 16 MiB (16 up to "
-            "max_model_len 10,240, 64 at 32,768), so most max_model_len changes leave it as it is. A change of "
-            "it rebuilds the Ray cluster (the proxies read it at start)."
+            "(7 MiB at 4,096). A change of it rebuilds the Ray cluster (the proxies read it at start)."
         ),
-        json_schema_extra=_hint("a whole number of MiB, 1 to 1024"),
+        json_schema_extra=_hint(
+            "a whole number of MiB, 1 to 1024",
+            means=(
+                "what max_model_len needs, rounded up to a power of two, at least 16 MiB (16 up to max_model_len "
+                "10,240, 64 at 32,768), so most max_model_len changes leave it, and every pod, as they are"
+            ),
+        ),
     )
     trust_request_chat_template: bool = Field(
         False,
