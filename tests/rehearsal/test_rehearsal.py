@@ -86,8 +86,15 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     print(result.stdout[-6000:])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "PASS: every request's KV came from prefill over NIXL" in result.stdout
-    # What a client may not do (issue 56): each refused before an engine acts on it.
-    assert "PASS: client transfer params: [400] for 8 requests, 0 connections to the listener" in result.stdout
+    # What a client may not do (issues 56 and 65): each refused before an engine acts on it.
+    assert "PASS: client transfer params: [400] for 44 requests, 0 connections to the listener" in result.stdout
+    assert "PASS: no engine restarted:" in result.stdout
+    assert "PASS: client templates and tokenize: [400] for 3 requests" in result.stdout
+    assert "PASS: rendered fields at 2 MB and token ids past max_model_len: [400] for 7 requests" in result.stdout
+    assert (
+        "PASS: 64 MB with and without Content-Length at the Serve proxy, then 2,000,000 token ids: [413, 413, 400]"
+        in (result.stdout)
+    )
     assert "PASS: an adapter id without adapters: HTTP 404; the next request HTTP 200 on {'disaggregated'" in (
         result.stdout
     )
