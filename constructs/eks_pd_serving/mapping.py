@@ -505,6 +505,7 @@ def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8
             local_folder=node_cache.weights_folder(config.model_source, config.model_revision) if local else "",
             fill_callback=node_cache.callback_class() if local else "",
             trust_request_chat_template=config.trust_request_chat_template,
+            revision="" if weights_uri else config.model_revision,
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),

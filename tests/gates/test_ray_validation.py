@@ -61,8 +61,9 @@ def test_the_ray_venv_runs_the_images_ray_version() -> None:
             "decode_enforce_eager": False,
             "decode_max_num_seqs": 32,
         },
+        {"weights_source": "huggingface", "model_revision": "0123abcd", "trust_request_chat_template": True},
     ],
-    ids=["default", "two-prefill-replicas", "per-phase", "autoscaling", "fp8-graphs-pinned"],
+    ids=["default", "two-prefill-replicas", "per-phase", "autoscaling", "fp8-graphs-pinned", "hub-pinned-templates"],
 )
 def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[str, Any]) -> None:
     result = run_ray_check(tmp_path, ray_service(**settings))

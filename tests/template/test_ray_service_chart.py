@@ -420,3 +420,17 @@ def test_request_templates_are_trusted_only_when_set() -> None:
                 assert model.get("trust_request_chat_template", False) is trusted
     pairs = [{a["name"]: a["args"].get("pair") for a in c["applications"]} for c in (off, on)]
     assert pairs[0] == pairs[1]
+
+
+def test_the_hub_revision_reaches_both_engines_when_they_load_from_the_hub() -> None:
+    """weights_source=huggingface: vLLM's ``revision`` on both engines, so a commit hash pins what is
+    served (without it each engine loads the Hub's default branch at its own start). Staged weights
+    (the default) hold one revision already: no ``revision``."""
+    from eks_pd_serving.config import DeploymentConfig
+    from eks_pd_serving.mapping import served_model
+
+    hub = serve_args(ray_service(weights_source="huggingface", model_revision="0123abcd"))
+    for phase in ("prefill", "decode"):
+        assert hub[f"{phase}_config"]["engine_kwargs"]["revision"] == "0123abcd"
+    staged = served_model(DeploymentConfig.create(model_revision="0123abcd"), "s3://weights/models/x/0123abcd")
+    assert staged.model.revision == ""

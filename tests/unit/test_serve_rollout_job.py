@@ -34,12 +34,19 @@ class Service:
     many reads an application that changed stays DEPLOYING (None: it never comes back)."""
 
     def __init__(
-        self, config: dict[str, Any], restart_polls: int | None = 2, code: str = "d1", cluster: str = "c1"
+        self,
+        config: dict[str, Any],
+        restart_polls: int | None = 2,
+        code: str = "d1",
+        cluster: str = "c1",
+        scaling: frozenset[str] = frozenset(),
     ) -> None:
         self.text, self.generation, self.observed = dump(config), 1, 1
         self.running = {app["name"]: app for app in config["applications"]}
         self.deploying: dict[str, int] = {}
         self.restart_polls, self.code, self.cluster = restart_polls, code, cluster
+        #: Applications whose deployments are in a scale event once running (Serve: RUNNING, UPSCALING).
+        self.scaling = scaling
         self.patches: list[str] = []
         #: Each read's set of applications Serve was restarting at once.
         self.together: list[set[str]] = []
@@ -59,7 +66,13 @@ class Service:
             name: {
                 "status": "DEPLOYING" if name in self.deploying else "RUNNING",
                 "serveDeploymentStatuses": {
-                    d["name"]: {"status": "UPDATING" if name in self.deploying else "HEALTHY"}
+                    d["name"]: {
+                        "status": "UPDATING"
+                        if name in self.deploying
+                        else "UPSCALING"
+                        if name in self.scaling
+                        else "HEALTHY"
+                    }
                     for d in app.get("deployments") or []
                 },
             }
@@ -163,6 +176,16 @@ def test_a_step_that_does_not_serve_fails_the_job_naming_it(api: Any, deployed: 
     assert (
         "rollout failed: step 1/3 (pd-prefill) of ray-llm did not serve within 1 s: pd-prefill DEPLOYING" in ran.stderr
     )
+
+
+def test_a_step_accepts_a_scale_event_in_progress(api: Any, deployed: Any) -> None:
+    """Serve counts a deployment that is UPSCALING or DOWNSCALING as running: a decode scaling up while
+    it restarts (autoscaling on) is serving, not a failed step."""
+    base, state = api
+    state.append(Service(deployed, scaling=frozenset({"pd-decode"})))
+    ran = run(base, both_phases_changed(deployed), step_s=2)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert len(state[0].patches) == 3
 
 
 def test_nothing_is_rolled_before_the_first_deploy_or_with_new_pod_code(api: Any, deployed: Any) -> None:

@@ -122,6 +122,8 @@ def build_llm_config(
             **({"max_num_batched_tokens": engine.max_num_batched_tokens} if engine.max_num_batched_tokens else {}),
             **({"language_model_only": True} if model.language_model_only else {}),
             **({"trust_request_chat_template": True} if model.trust_request_chat_template else {}),
+            # The Hub's revision, pinned: without it both engines load the default branch at their own start.
+            **({"revision": model.revision} if model.revision else {}),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
@@ -165,6 +167,7 @@ def pair_key(model: ModelSpec, kv: KvTransferSpec, engine: EngineSpec) -> str:
     before the other), so engines of different models or KV layouts are never paired."""
     fields = {**asdict(model), "model_source": model.weights or model.model_source}
     fields.pop("trust_request_chat_template")  # what the front end accepts, not what the KV holds
+    fields.pop("revision")  # in ``weights`` already (model@revision)
     agreed = {"model": fields, "kv": asdict(kv), "quantization": engine.quantization}
     return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
 

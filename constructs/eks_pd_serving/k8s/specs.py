@@ -31,6 +31,9 @@ class ModelSpec:
     local_folder: str = ""
     #: The callback's import path; required with ``local_folder``.
     fill_callback: str = ""
+    #: The Hub revision both engines load (vLLM's ``revision``) when ``model_source`` is a Hugging Face
+    #: repository. Default: "" (a staged copy or a folder, which holds one revision already).
+    revision: str = ""
     #: Both engines run a request's own chat template (vLLM's ``trust_request_chat_template``) and
     #: the ingress lets it through. Default: False (refused with HTTP 400 at the ingress).
     trust_request_chat_template: bool = False

@@ -32,7 +32,8 @@ applied before the RayService, it rolls a change of the Serve applications one a
 time (``rollout_steps``: every prefill, every decode, then the ingress), so Serve never restarts two
 together and the failover always has a phase standing: for each step it patches the RayService's
 ``serveConfigV2`` (KubeRay submits it) and waits, bounded by ``EKS_PD_ROLLOUT_STEP_S``, until KubeRay
-has seen the patch and reports the step's application RUNNING with every deployment HEALTHY,
+has seen the patch and reports the step's application RUNNING with every deployment serving (healthy
+or in a scale event: ``SERVING``),
 ``SETTLE_S`` after the patch and on two reads in a row. No RayService yet (a first deploy), or
 nothing changed: exit 0 at once. The RayService's manifest, applied next, then holds the same text
 (PyYAML reads the running config: the Ray image has it).
@@ -72,6 +73,9 @@ ENV = {
     "code": "EKS_PD_ROLLOUT_CODE",
 }
 MODES = ("cluster", "serve")
+# A deployment's statuses that serve: Serve 2.58 reports an application RUNNING while its deployments
+# are "healthy or autoscaling" (UPSCALING, DOWNSCALING).
+SERVING = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
 # After a patch, how long before a RUNNING read counts (KubeRay submits on its next reconcile,
 # within seconds of a spec change; Serve marks a rebuilt application DEPLOYING when it takes it).
 SETTLE_S = 15.0
@@ -321,7 +325,8 @@ def rollout_steps(current: dict[str, Any], target: dict[str, Any]) -> list[dict[
 
 def step_serving(service: dict[str, Any], apps: list[str], generation: int) -> tuple[bool, str]:
     """Whether KubeRay has seen ``generation`` and reports each of ``apps`` RUNNING with every
-    deployment HEALTHY on the active cluster; else what is missing."""
+    deployment serving (``SERVING``: healthy, or in a scale event, which Serve counts as running) on
+    the active cluster; else what is missing."""
     status = service.get("status") or {}
     if int(status.get("observedGeneration") or 0) < generation:
         return False, f"KubeRay has not seen generation {generation} yet"
@@ -332,7 +337,7 @@ def step_serving(service: dict[str, Any], apps: list[str], generation: int) -> t
         unhealthy = sorted(
             name
             for name, d in (app_status.get("serveDeploymentStatuses") or {}).items()
-            if d.get("status") != "HEALTHY"
+            if d.get("status") not in SERVING
         )
         if app_status.get("status") != "RUNNING" or unhealthy:
             waiting.append(
