@@ -112,6 +112,8 @@ def test_the_first_staging_records_the_missing_marker_probe(
         Call("s3:ListBucket", f"arn:aws:s3:::{BUCKET_NAME}", why=f"{prefix}/.staged is missing: 404 not 403") in calls
     )
     assert Call("s3:PutObject", f"arn:aws:s3:::{BUCKET_NAME}/{prefix}/.staged") in calls
+    # The manifest the node cache checks its copies against: a call of the job's own, in the rung.
+    assert Call("s3:PutObject", f"arn:aws:s3:::{BUCKET_NAME}/{prefix}/{stage.MANIFEST}") in calls
 
 
 def test_the_staging_jobs_role_allows_every_call_of_a_first_deploy(

@@ -360,6 +360,13 @@ class Poisoned:
         except Exception as error:  # the local record still holds
             logger.warning("%s: poisoned request not shared: %s", FALLBACK_LINE, error)
 
+    def died_serving(self, request: Any, phase: str) -> ErrorResponse:
+        """``request``'s dispatch ended in ``phase``'s engine dying: recorded here and shared, and the
+        503 it gets instead of a replay."""
+        self.add(request)
+        logger.warning("%s: the %s engine died serving a request; not replayed", FALLBACK_LINE, phase)
+        return poisoned_refusal(phase)
+
     async def holds(self, request: Any) -> bool:
         digest = self.digest(request)
         if self._until.get(digest, 0.0) > self.clock():
@@ -991,10 +998,9 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
         except Refused as refused:
             self._prefill.failed(str(refused))
             if refused.died:  # this request may have killed prefill: never replayed here
-                self._poisoned.add(request)
-                logger.warning("%s: the prefill engine died serving a request; not replayed on decode", FALLBACK_LINE)
+                refusal = self._poisoned.died_serving(request, "prefill")
                 self._paths.count("refused")
-                yield poisoned_refusal("prefill")
+                yield refusal
                 return
         except StopAsyncIteration:
             self._prefill.failed("no answer")
@@ -1122,10 +1128,9 @@ class FailoverIngress(OpenAiIngress):  # type: ignore[misc]
             except Refused as refused:
                 self._decode.failed(str(refused))
                 if refused.died:  # this request may have killed decode: never replayed on prefill
-                    self._poisoned.add(body)
-                    logger.warning("%s: the decode engine died serving a request; not replayed", FALLBACK_LINE)
+                    refusal = self._poisoned.died_serving(body, "decode")
                     self._paths.count("refused")
-                    yield poisoned_refusal("decode")
+                    yield refusal
                     return
                 reasons.append(f"decode: {refused}")
         if await self._poisoned.holds(body):  # it killed decode moments ago: prefill is not offered it
