@@ -105,12 +105,14 @@ def gpu_profile(
     *,
     dummy_weights: bool,
     utilization: float | None = None,
+    staged_uri: str | None = None,
 ) -> dict[str, Any]:
     """The deployed serve config with the documented GPU substitutions, nothing else: the local
     model, one replica per phase on one GPU each (a half each when the host has one GPU), NIXL's
     backend for this host, the Triton GDN kernel where FlashInfer is missing, and each engine's
     TCPStore in a port window of its own (``TCPSTORE_PORT_BASES``), every prompt disaggregated
-    (``profile.every_prompt_disaggregated``)."""
+    (``profile.every_prompt_disaggregated``). With ``staged_uri`` the node cache's callback stays and
+    fills from there (``warm_node``), as deployed; without it the engines read ``model_dir``."""
     local = copy.deepcopy(deployed)
     profile.every_prompt_disaggregated(local)
     for app in local["applications"]:
@@ -119,7 +121,7 @@ def gpu_profile(
                 override["autoscaling_config"] = {"min_replicas": 1, "max_replicas": 1, "initial_replicas": 1}
     for phase, llm in serve_config.phase_llm_configs(local):
         side = f"{phase}_config"
-        profile.local_weights(llm, model_dir, None)
+        profile.local_weights(llm, model_dir, staged_uri)
         if llm.get("deployment_config"):  # Ray's builder: replicas in the LLMConfig
             llm["deployment_config"].pop("autoscaling_config", None)
             llm["deployment_config"]["num_replicas"] = 1

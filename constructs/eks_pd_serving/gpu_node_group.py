@@ -35,7 +35,8 @@ class EfaGpuNodeGroup(Construct):
         by the launch template and gets no placement group of the stack's (a reservation made
         outside it could not be used inside it). Default: ON_DEMAND (on-demand, no reservation).
     :param fast_image_pull: nodeadm's FastImagePull (SOCI's parallel pull and unpack), with the
-        root volume's throughput at the 600 MiB/s the AMI's docs recommend. Default: False.
+        root volume's throughput at the 600 MiB/s the AMI's docs recommend while the pull writes to
+        it (not with ``local_storage`` on a type with an instance store). Default: False.
     :param local_storage: the instance store's NVMe disks as one RAID0 array under
         /mnt/k8s-disks/0, where containerd and kubelet keep their data (nodeadm's localStorage);
         the node cache lives there. Default: False.
@@ -142,7 +143,11 @@ class EfaGpuNodeGroup(Construct):
                 metadata_options=launch_template.imds_v2(launch_template.GPU_IMDS_HOP_LIMIT),
                 block_device_mappings=[
                     launch_template.root_volume(
-                        root_volume_gib, launch_template.FAST_PULL_ROOT_THROUGHPUT_MIB_S if fast_image_pull else None
+                        root_volume_gib,
+                        launch_template.root_throughput(
+                            fast_image_pull=fast_image_pull, local_storage=local_storage,
+                            instance_store_gb=group.instance.instance_store_gb,
+                        ),  # fmt: skip
                     )
                 ],
                 user_data=Fn.base64(user_data) if user_data else None,

@@ -6,11 +6,12 @@ answers, then the faults in the registry's order under the clients' load."""
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
 
-from .. import gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint
+from .. import gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint, warm_node
 from ..harness import LOCAL_ENV, PROMPTS, build, deploy, free_port, local_ray, undeploy
 from ..probes import Endpoint
 from . import registry
@@ -34,9 +35,20 @@ def _engines(run: RunArgs, ray_service: dict[str, Any]) -> tuple[dict[str, Any],
         rehearsed = profile.local_profile(deployed, tiny_checkpoint.build(run.checkpoint.resolve()))
         return rehearsed, {**profile.worker_env(ray_service), **LOCAL_ENV}
     host = gpu_profile.detect_host()
-    model_dir = qwen35_checkpoint.build((run.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
-    rehearsed = gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=False)
+    if run.weights:  # the real size, through the node cache as deployed (warm_node seeds it)
+        rehearsed = gpu_profile.gpu_profile(deployed, Path(run.weights), host, dummy_weights=False,
+                                            staged_uri=warm_node.staged_uri(deployed))  # fmt: skip
+    else:
+        model_dir = qwen35_checkpoint.build((run.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
+        rehearsed = gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=False)
     return rehearsed, gpu_profile.gpu_env(profile.worker_env(ray_service), host)
+
+
+def _logs_dir() -> str:
+    """This session's log folder (Serve's controller and replica logs, under ``serve/``)."""
+    import ray
+
+    return str(ray._private.worker.global_worker.node.get_logs_dir_path())
 
 
 def run_child(run: RunArgs) -> int:
@@ -57,6 +69,8 @@ def run_child(run: RunArgs) -> int:
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     with contextlib.ExitStack() as stack:
+        if run.weights:
+            env.update(stack.enter_context(warm_node.warm_node(Path(run.weights), rehearsed, free_port())))
         setups = {f.key: f.setup(stack, ray_service, run) for f in faults}
         password = next((s.redis_password for s in setups.values() if s.redis_password), None)
         events.write({"type": "gcs_store", "on": password is not None})
@@ -64,6 +78,7 @@ def run_child(run: RunArgs) -> int:
             env.update(setup.env)
         resources = profile.custom_resources(rehearsed)
         run_id = stack.enter_context(local_ray(env, metrics_port, resources, redis_password=password))
+        events.write({"type": "ray_logs", "dir": _logs_dir()})
         _expected(run, events, rehearsed, endpoint, http_port, any(f.deploys_as_kuberay for f in faults))
         with Load(endpoint, events, run.streams) as load:
             context = Context(run, load, events, endpoint, http_port, run_id, rehearsed,

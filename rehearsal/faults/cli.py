@@ -5,6 +5,7 @@ and the GPU), the parent that starts the child and judges its events whatever be
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ from typing import Any
 
 from eks_pd_serving.fault_tolerance import kv_guard
 from eks_pd_serving.observability import catalogue as om
+from eks_pd_serving.observability import replica_start
 
 from ..harness import PROMPTS, kill_marked, log
 from ..processes import MARKER
@@ -26,6 +28,8 @@ from .judge import answers_judged, control_texts, holds, judge, read_events
 from .load import STREAMS
 from .update import UPDATES
 
+# The engine deployments' names start with these (Ray Serve LLM's PD builder).
+ENGINE_PHASES = ("Prefill", "Decode")
 USAGE = """
     .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
     python -m rehearsal.faults --gpu --faults kv   # NVIDIA GPUs, the image's stack on PYTHONPATH
@@ -41,6 +45,8 @@ class Output:
 
     def __init__(self, child: subprocess.Popen[str]) -> None:
         self.pull_failed_lines = 0
+        # Every line (the engines' among them), for the replica starts' split.
+        self.engine_lines: list[str] = []
         # The KV guard's lines (Serve logs them to stderr here, as in a pod; its log files buffer).
         self.guard_lines = dict.fromkeys(kv_guard.lines(), 0)
         self._thread = threading.Thread(target=self._read, args=(child,), daemon=True)
@@ -50,6 +56,7 @@ class Output:
         assert child.stdout is not None
         for line in child.stdout:
             sys.stdout.write(line)
+            self.engine_lines.append(line)
             self.pull_failed_lines += om.KV_PULL_FAILED_LINE in line
             for what, phrase in kv_guard.lines().items():
                 self.guard_lines[what] += f"{phrase}:" in line
@@ -80,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--gpu", action="store_true", help="on NVIDIA GPUs with the image's stack (Ray 2.58, vLLM 0.26)"
     )
+    parser.add_argument("--weights", type=Path,
+                        help="with --gpu: this checkpoint folder (the 9B's full-weights) served through the node "
+                             "cache as a warm node holds it (default: the tiny checkpoint, no node cache)")  # fmt: skip
     parser.add_argument("--streams", type=int, default=STREAMS, help=f"concurrent clients ({STREAMS})")
     parser.add_argument("--no-control", action="store_true",
                         help="skip the colocated control (saves an engine start on a GPU)")  # fmt: skip
@@ -112,8 +122,13 @@ def main(argv: list[str] | None = None) -> int:
     # The packet filter's chain is the run's own (iptables chain names: at most 28 characters).
     run = RunArgs(args.template, args.checkpoint, args.report, args.faults, args.updates, args.timeout_s,
                   args.recovery_bound_s, args.gpu, args.streams, args.no_control, args.control_load_s,
-                  kv_chain=f"EKSPD-KV-{os.getpid()}")  # fmt: skip
+                  kv_chain=f"EKSPD-KV-{os.getpid()}",
+                  weights=str(args.weights.resolve()) if args.weights else "")  # fmt: skip
     faults = registry.chosen(run.faults)
+    if run.weights and not (run.gpu and Path(run.weights, "config.json").is_file()):
+        log(f"FAIL: --weights {run.weights}: needs --gpu and a checkpoint folder with config.json. Fix: make one "
+            "with ../shared/gpu/cold_start.py gen DIR, or drop --weights")  # fmt: skip
+        return 2
     try:
         for fault in faults:
             fault.preflight()
@@ -168,10 +183,32 @@ def _run(run: RunArgs, faults: tuple[Fault, ...]) -> dict[str, Any]:
               "gcs_fault_tolerance": store, "state_after_gcs_restart": state, "gcs_store_usage": usage,
               "control_under_load": control_texts(events), "faults": judged}  # fmt: skip
     output.join()
+    logs = next((Path(e["dir"]) for e in events if e["type"] == "ray_logs"), None)
+    report["replica_starts"] = starts_by_fault(events, judged, output.engine_lines, logs)
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
     report["kv_guard"] = output.guard_lines
     return report
+
+
+def starts_by_fault(events: list[dict[str, Any]], judged: list[dict[str, Any]], engine_lines: list[str],
+                    logs: Path | None) -> list[dict[str, Any]]:  # fmt: skip
+    """Every engine replica's start in its parts (observability/replica_start.py, from Serve's log
+    files and the engines' lines); each judged fault gets the starts that followed it
+    (``replica_start``) beside its ``disaggregated_again_s``."""
+    lines = list(engine_lines)
+    for path in sorted(logs.glob("serve/*.log")) if logs else []:
+        lines += path.read_text(errors="replace").splitlines()
+    starts = [s for s in replica_start.replica_starts(lines) if s.phase in ENGINE_PHASES]
+    faults = [e for e in events if e["type"] == "fault"]
+    for index, (fault, result) in enumerate(zip(faults, judged, strict=False)):
+        since = datetime.datetime.fromtimestamp(fault["at"]) - datetime.timedelta(seconds=1)
+        until = datetime.datetime.fromtimestamp(faults[index + 1]["at"]) if index + 1 < len(faults) else None
+        after = [s for s in starts if s.starting >= since and (until is None or s.starting < until)]
+        result["replica_start"] = [s.summary() for s in after]
+        for start in after:
+            log(f"{result['fault']}: {start.line()}")
+    return [s.summary() for s in starts]
 
 
 def _judge_recorded(args: argparse.Namespace) -> int:

@@ -43,6 +43,7 @@ class RunArgs:
     no_control: bool = False
     control_load_s: float = 0.0
     kv_chain: str = ""  # the packet filter's chain of this run (the parent removes it, however the child ended)
+    weights: str = ""  # on a GPU: a checkpoint folder served from the node cache as a warm node holds it
 
     @property
     def events(self) -> Path:

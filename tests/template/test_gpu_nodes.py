@@ -104,6 +104,7 @@ def test_the_catalogue_check_sees_a_wrong_card_zero() -> None:
         "VCpuInfo": {"DefaultVCpus": 192}, "MemoryInfo": {"SizeInMiB": 4096 * 1024},
         "GpuInfo": {"Gpus": [{"Count": 8, "Name": "B300", "MemoryInfo": {"SizeInMiB": 275040}}]},
         "NetworkInfo": {"EfaInfo": {"MaximumEfaInterfaces": 16}, "MaximumNetworkCards": 17, "NetworkCards": [card]},
+        "InstanceStorageInfo": {"TotalSizeInGB": 30400},
     }  # fmt: skip
     facts = INSTANCE_TYPES["p6-b300.48xlarge"]
     assert mismatches(facts, info) == []

@@ -165,8 +165,7 @@ def test_launch_template_has_one_efa_interface_imdsv2_and_encrypted_gp3(
         "DeleteOnTermination": True,
         "Encrypted": True,
         "VolumeSize": 200,
-        "VolumeType": "gp3",
-        "Throughput": 600,  # fast_image_pull (tests/template/test_node_cache.py)
+        "VolumeType": "gp3",  # no Throughput: the pull writes to the instance store (tests/template/test_node_cache.py)
     }
     assert data["Placement"] == {"GroupName": {"Ref": logical_id(gpu.placement_group)}}
 

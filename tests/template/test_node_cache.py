@@ -48,7 +48,9 @@ def test_gpu_nodes_pull_in_parallel_and_raid_the_instance_store() -> None:
         "spec": {"featureGates": {"FastImagePull": True}, "instance": {"localStorage": {"strategy": "RAID0"}}},
     }
     (root,) = data["BlockDeviceMappings"]
-    assert root["Ebs"]["Throughput"] == 600 and root["Ebs"]["VolumeType"] == "gp3"
+    # The pull writes to the instance store's array (g6.8xlarge: 900 GB), not the root volume: gp3's
+    # included 125 MiB/s, nothing provisioned.
+    assert "Throughput" not in root["Ebs"] and root["Ebs"]["VolumeType"] == "gp3"
 
 
 @pytest.mark.parametrize(
@@ -64,6 +66,21 @@ def test_each_node_option_turns_off_alone(settings: dict[str, Any], spec: Any, t
     found = node_config(data)
     assert (found and found["spec"]) == spec
     assert data["BlockDeviceMappings"][0]["Ebs"].get("Throughput") == throughput
+
+
+def test_the_root_volume_is_raised_only_where_the_pull_writes_to_it() -> None:
+    from eks_pd_serving._private import launch_template
+
+    throughput = {
+        (fast, local, store): launch_template.root_throughput(
+            fast_image_pull=fast, local_storage=local, instance_store_gb=store
+        )
+        for fast in (True, False) for local in (True, False) for store in (0, 900)
+    }  # fmt: skip
+    raised = {k for k, v in throughput.items() if v == 600}
+    # FastImagePull writing to the root volume: no localStorage, or a type without an instance store.
+    assert raised == {(True, False, 0), (True, False, 900), (True, True, 0)}
+    assert {v for k, v in throughput.items() if k not in raised} == {None}
 
 
 def worker(service: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -153,6 +153,18 @@ def test_cost_of_the_default_deployment_by_hand(template_file: Path) -> None:
     assert "us-east-1" in label
 
 
+def test_cost_counts_the_root_volumes_provisioned_throughput(template_file: Path, tmp_path: Path) -> None:
+    """The default pulls onto the instance store (no throughput provisioned, no line); without the
+    node cache the pull writes to the root volume at 600 MiB/s, 475 above gp3's included 125."""
+    default, _ = cost.estimate(json.loads(template_file.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    assert not [line for line in default if line.item.startswith("gp3 throughput")]
+    template = synth_assembly(tmp_path, nag=False, node_cache=False)
+    lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))
+    (throughput,) = [line for line in lines if line.item.startswith("gp3 throughput")]
+    assert throughput.item == "gp3 throughput (600 MiB/s each, 475 above the included 125)"
+    assert throughput.hourly * cost.HOURS_30_DAYS == pytest.approx(2 * 475 * 0.04)  # $38 a month, two nodes
+
+
 def test_cost_without_observability_has_no_cloudwatch_lines(tmp_path: Path) -> None:
     template = synth_assembly(tmp_path, nag=False, observability=False)
     lines, _ = cost.estimate(json.loads(template.read_text()), "us-east-1", datetime.date(2026, 11, 29))

@@ -55,6 +55,16 @@ _BOUNDARY = "EKSPDSERVING"
 FAST_PULL_ROOT_THROUGHPUT_MIB_S = 600
 
 
+def root_throughput(*, fast_image_pull: bool, local_storage: bool, instance_store_gb: int) -> int | None:
+    """The GPU root volume's gp3 throughput (None: the included 125 MiB/s). Raised for FastImagePull
+    only while the root volume is what the pull writes: with localStorage on a type with an instance
+    store, containerd's and SOCI's folders, the weights and the compile caches all live on the NVMe
+    array, and the root volume holds the OS and kubelet's state alone."""
+    if fast_image_pull and not (local_storage and instance_store_gb > 0):
+        return FAST_PULL_ROOT_THROUGHPUT_MIB_S
+    return None
+
+
 def node_config(*, fast_image_pull: bool, local_storage: bool) -> str | None:
     """The launch template's user data for nodeadm (node.eks.aws/v1alpha1 NodeConfig), or None when
     it would say nothing. ``fast_image_pull``: the FastImagePull feature gate (SOCI's parallel

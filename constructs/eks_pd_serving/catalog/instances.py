@@ -2,7 +2,9 @@
 
 Figures: vCPUs (``VCpuInfo.DefaultVCpus``), memory (``MemoryInfo.SizeInMiB``, in GiB), GPUs and one
 GPU's memory in MiB as EC2 reports it (``GpuInfo.Gpus[0].MemoryInfo.SizeInMiB``, not the marketed
-size), EFA interfaces (``EfaInfo.MaximumEfaInterfaces``) and network bandwidth. Source: the
+size), EFA interfaces (``EfaInfo.MaximumEfaInterfaces``), network bandwidth and the instance store
+(``InstanceStorageInfo.TotalSizeInGB``, from moto's copy of EC2's DescribeInstanceTypes data, which the
+preflight test reads). Source: the
 Karpenter provider's generated tables of these API fields (aws/karpenter-provider-aws commit
 1d927085dd81, website/content/en/docs/reference/instance-types.md, generated 2026-07-11;
 pkg/providers/instancetype/zz_generated.vpclimits.go for network cards; zz_generated.bandwidth.go
@@ -86,6 +88,9 @@ class InstanceFacts:
     network_gbps: float = 0.0
     #: Whether network card 0 carries an EFA device (p6-b300's does not: its EFA cards start at 1).
     efa_on_card_zero: bool = True
+    #: The instance store's NVMe disks, in GB (``InstanceStorageInfo.TotalSizeInGB``; 0: none), where
+    #: nodeadm's localStorage puts images, the weights and the compile caches instead of the root volume.
+    instance_store_gb: int = 0
 
     @property
     def gpu_memory_mib(self) -> int:
@@ -110,9 +115,10 @@ class InstanceFacts:
 
 
 def _gpu(
-    name: str, vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float, efa_on_card_zero: bool = True
-) -> InstanceFacts:
-    return InstanceFacts(vcpus, memory_gib, gpus, name, efa, gbps, efa_on_card_zero)
+    name: str, vcpus: int, memory_gib: int, gpus: int, efa: int, gbps: float, efa_on_card_zero: bool = True,
+    *, store_gb: int,
+) -> InstanceFacts:  # fmt: skip
+    return InstanceFacts(vcpus, memory_gib, gpus, name, efa, gbps, efa_on_card_zero, store_gb)
 
 
 INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
@@ -126,40 +132,40 @@ INSTANCE_TYPES: Final[dict[str, InstanceFacts]] = {
     "m5.xlarge": InstanceFacts(4, 16),
     "m5.2xlarge": InstanceFacts(8, 32),
     # NVIDIA L4.
-    "g6.xlarge": _gpu("L4", 4, 16, 1, 0, 10),
-    "g6.2xlarge": _gpu("L4", 8, 32, 1, 0, 10),
-    "g6.4xlarge": _gpu("L4", 16, 64, 1, 0, 25),
-    "g6.8xlarge": _gpu("L4", 32, 128, 1, 1, 25),
-    "g6.12xlarge": _gpu("L4", 48, 192, 4, 1, 40),
-    "g6.16xlarge": _gpu("L4", 64, 256, 1, 1, 25),
-    "g6.24xlarge": _gpu("L4", 96, 384, 4, 1, 50),
-    "g6.48xlarge": _gpu("L4", 192, 768, 8, 1, 100),
+    "g6.xlarge": _gpu("L4", 4, 16, 1, 0, 10, store_gb=250),
+    "g6.2xlarge": _gpu("L4", 8, 32, 1, 0, 10, store_gb=450),
+    "g6.4xlarge": _gpu("L4", 16, 64, 1, 0, 25, store_gb=600),
+    "g6.8xlarge": _gpu("L4", 32, 128, 1, 1, 25, store_gb=900),
+    "g6.12xlarge": _gpu("L4", 48, 192, 4, 1, 40, store_gb=3760),
+    "g6.16xlarge": _gpu("L4", 64, 256, 1, 1, 25, store_gb=1880),
+    "g6.24xlarge": _gpu("L4", 96, 384, 4, 1, 50, store_gb=3760),
+    "g6.48xlarge": _gpu("L4", 192, 768, 8, 1, 100, store_gb=7520),
     # NVIDIA L40S.
-    "g6e.xlarge": _gpu("L40S", 4, 32, 1, 0, 20),
-    "g6e.8xlarge": _gpu("L40S", 32, 256, 1, 1, 25),
-    "g6e.12xlarge": _gpu("L40S", 48, 384, 4, 1, 100),
-    "g6e.24xlarge": _gpu("L40S", 96, 768, 4, 2, 200),
-    "g6e.48xlarge": _gpu("L40S", 192, 1536, 8, 4, 400),
+    "g6e.xlarge": _gpu("L40S", 4, 32, 1, 0, 20, store_gb=250),
+    "g6e.8xlarge": _gpu("L40S", 32, 256, 1, 1, 25, store_gb=900),
+    "g6e.12xlarge": _gpu("L40S", 48, 384, 4, 1, 100, store_gb=3800),
+    "g6e.24xlarge": _gpu("L40S", 96, 768, 4, 2, 200, store_gb=3800),
+    "g6e.48xlarge": _gpu("L40S", 192, 1536, 8, 4, 400, store_gb=7600),
     # NVIDIA A10G (the EFA sizes).
-    "g5.8xlarge": _gpu("A10G", 32, 128, 1, 1, 25),
-    "g5.12xlarge": _gpu("A10G", 48, 192, 4, 1, 40),
-    "g5.16xlarge": _gpu("A10G", 64, 256, 1, 1, 25),
-    "g5.24xlarge": _gpu("A10G", 96, 384, 4, 1, 50),
-    "g5.48xlarge": _gpu("A10G", 192, 768, 8, 1, 100),
+    "g5.8xlarge": _gpu("A10G", 32, 128, 1, 1, 25, store_gb=900),
+    "g5.12xlarge": _gpu("A10G", 48, 192, 4, 1, 40, store_gb=3800),
+    "g5.16xlarge": _gpu("A10G", 64, 256, 1, 1, 25, store_gb=1900),
+    "g5.24xlarge": _gpu("A10G", 96, 384, 4, 1, 50, store_gb=3800),
+    "g5.48xlarge": _gpu("A10G", 192, 768, 8, 1, 100, store_gb=7600),
     # NVIDIA A100 40 GB: 4 network cards, an EFA on each.
-    "p4d.24xlarge": _gpu("A100", 96, 1152, 8, 4, 400),
+    "p4d.24xlarge": _gpu("A100", 96, 1152, 8, 4, 400, store_gb=8000),
     # NVIDIA H100 / H200: 32 network cards on p5 and p5e, 16 on p5en; an EFA on each.
-    "p5.48xlarge": _gpu("H100", 192, 2048, 8, 32, 3200),
-    "p5e.48xlarge": _gpu("H200", 192, 2048, 8, 32, 3200),
-    "p5en.48xlarge": _gpu("H200", 192, 2048, 8, 16, 3200),
+    "p5.48xlarge": _gpu("H100", 192, 2048, 8, 32, 3200, store_gb=30400),
+    "p5e.48xlarge": _gpu("H200", 192, 2048, 8, 32, 3200, store_gb=30400),
+    "p5en.48xlarge": _gpu("H200", 192, 2048, 8, 16, 3200, store_gb=30400),
     # NVIDIA RTX PRO Server 6000 (Blackwell, 96 GiB): one network card below 24xlarge.
-    "g7e.8xlarge": _gpu("RTX PRO Server 6000", 32, 256, 1, 1, 100),
-    "g7e.12xlarge": _gpu("RTX PRO Server 6000", 48, 512, 2, 1, 400),
-    "g7e.24xlarge": _gpu("RTX PRO Server 6000", 96, 1024, 4, 2, 800),
-    "g7e.48xlarge": _gpu("RTX PRO Server 6000", 192, 2048, 8, 4, 1600),
+    "g7e.8xlarge": _gpu("RTX PRO Server 6000", 32, 256, 1, 1, 100, store_gb=1900),
+    "g7e.12xlarge": _gpu("RTX PRO Server 6000", 48, 512, 2, 1, 400, store_gb=3800),
+    "g7e.24xlarge": _gpu("RTX PRO Server 6000", 96, 1024, 4, 2, 800, store_gb=7600),
+    "g7e.48xlarge": _gpu("RTX PRO Server 6000", 192, 2048, 8, 4, 1600, store_gb=15200),
     # NVIDIA B200: 8 network cards, an EFA on each; B300: 17 cards, card 0 ENA only, 16 EFA after it.
-    "p6-b200.48xlarge": _gpu("B200", 192, 2048, 8, 8, 3200),
-    "p6-b300.48xlarge": _gpu("B300", 192, 4096, 8, 16, 6400, efa_on_card_zero=False),
+    "p6-b200.48xlarge": _gpu("B200", 192, 2048, 8, 8, 3200, store_gb=30400),
+    "p6-b300.48xlarge": _gpu("B300", 192, 4096, 8, 16, 6400, efa_on_card_zero=False, store_gb=30400),
 }
 
 # The EFA device plugin's DaemonSet runs only on the instance types its chart lists
@@ -189,6 +195,7 @@ def mismatches(facts: InstanceFacts, info: dict[str, Any]) -> list[str]:
         "GPU": gpus[0].get("Name", ""),
         "GPU memory MiB": (gpus[0].get("MemoryInfo") or {}).get("SizeInMiB", 0),
         "EFA interfaces": (network.get("EfaInfo") or {}).get("MaximumEfaInterfaces", 0),
+        "instance store GB": (info.get("InstanceStorageInfo") or {}).get("TotalSizeInGB", 0),
     }
     ours = {
         "vCPUs": facts.vcpus,
@@ -197,6 +204,7 @@ def mismatches(facts: InstanceFacts, info: dict[str, Any]) -> list[str]:
         "GPU": facts.gpu_name,
         "GPU memory MiB": facts.gpu_memory_mib,
         "EFA interfaces": facts.efa_interfaces,
+        "instance store GB": facts.instance_store_gb,
     }
     found = [f"{name} {ours[name]} here, {live[name]} in EC2" for name in ours if ours[name] != live[name]]
     cards = network.get("MaximumNetworkCards", 1)

@@ -36,6 +36,8 @@ PRICES: dict[str, dict[str, float]] = {
         "nat_hour": 0.045,
         "nat_gb": 0.045,
         "gp3_gb_month": 0.08,
+        # gp3 throughput above the included 125 MiB/s (public pricing page, as recalled: not fetched here).
+        "gp3_mibs_month": 0.04,
         "s3_gb_month": 0.023,  # S3 Standard, first 50 TB (public pricing page, as recalled: not fetched here)
         "kms_key_month": 1.00,
         # Secrets Manager (public pricing page, as recalled: not fetched here).
@@ -52,6 +54,7 @@ PRICES: dict[str, dict[str, float]] = {
 }
 HOURS_30_DAYS = 720
 MNG_DEFAULT_DISK_GIB = 20
+GP3_INCLUDED_MIB_S = 125
 
 
 @dataclass(frozen=True)
@@ -108,7 +111,7 @@ def estimate(
         if bounded is not None:
             note = f"autoscaled {low} to {high}" + (f"; {note}" if note else "")
         lines.append(Line(f"{instance} nodes", low, price, note, bounded))
-        disk = _disk_gib(template, group)
+        disk, throughput = _disk(template, group)
         gp3 = prices["gp3_gb_month"] / HOURS_30_DAYS
         lines.append(
             Line(
@@ -118,6 +121,16 @@ def estimate(
                 max_quantity=None if bounded is None else high * disk,
             )
         )
+        if throughput > GP3_INCLUDED_MIB_S:  # provisioned throughput, per volume
+            extra = throughput - GP3_INCLUDED_MIB_S
+            lines.append(
+                Line(
+                    f"gp3 throughput ({throughput} MiB/s each, {extra} above the included {GP3_INCLUDED_MIB_S})",
+                    low * extra,
+                    prices["gp3_mibs_month"] / HOURS_30_DAYS,
+                    max_quantity=None if bounded is None else high * extra,
+                )
+            )
     keys = sum(r["Type"] == "AWS::KMS::Key" for r in resources)
     lines.append(Line("KMS keys", keys, prices["kms_key_month"] / HOURS_30_DAYS))
     lines += _weights(list(resources), prices)
@@ -229,12 +242,14 @@ def _node_price(
     return on_demand or 0.0, "" if on_demand is not None else missing
 
 
-def _disk_gib(template: dict[str, Any], group: dict[str, Any]) -> int:
+def _disk(template: dict[str, Any], group: dict[str, Any]) -> tuple[int, int]:
+    """A node's root volume: its size in GiB and its gp3 throughput in MiB/s."""
     launch_template = group.get("LaunchTemplate")
     if launch_template:
         data = template["Resources"][launch_template["Id"]["Ref"]]["Properties"]["LaunchTemplateData"]
-        return int(data["BlockDeviceMappings"][0]["Ebs"]["VolumeSize"])
-    return int(group.get("DiskSize", MNG_DEFAULT_DISK_GIB))
+        ebs = data["BlockDeviceMappings"][0]["Ebs"]
+        return int(ebs["VolumeSize"]), int(ebs.get("Throughput", GP3_INCLUDED_MIB_S))
+    return int(group.get("DiskSize", MNG_DEFAULT_DISK_GIB)), GP3_INCLUDED_MIB_S
 
 
 def run(args: argparse.Namespace) -> int:

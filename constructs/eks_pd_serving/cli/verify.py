@@ -23,7 +23,11 @@
 - each GPU worker's cold start, split into its parts (information, never a failure): scheduled to
   image pulled (the kubelet's event), container started, the weights (filled from S3 or read from
   the node cache, its own log line), vLLM's weight load and its engine init (their log lines), and
-  the pod ready; docs/features/cold-start.md holds the budget they are measured against.
+  the pod ready; docs/features/cold-start.md holds the budget they are measured against;
+- each engine deployment's last replica start, split into its parts (information): Serve saw the
+  fault or change, the replica actor up, the weights made ready on the node, vLLM's engine process
+  and its Ray executor worker up, weights loaded, engine initialised, RUNNING (Serve's controller
+  log read through the dashboard, the replicas' and engines' lines from the worker pods' logs).
 
 Open the two ports first, as the stack outputs say:
   kubectl -n inference port-forward svc/ray-llm-serve-svc 8000:8000
@@ -49,7 +53,7 @@ from ..config import derived
 from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
 from ..k8s.names import LOCK_DOWN_POLICIES, RAY_EGRESS_POLICY, endpoint_service_name
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE
+from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE, replica_start
 from ..observability import catalogue as om
 from ._common import add_config_arguments, console, load_config, table
 
@@ -199,6 +203,35 @@ def check_cold_start(core: Any, namespace: str, workers: list[tuple[Any, str]]) 
         events = core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}").items
         checks.append(cold_start_split(pod, events, log))
     return checks
+
+
+def serve_log_lines(dashboard: str, node_ip: str) -> list[str]:
+    """Serve's controller and replica log files on one Ray node (the head's holds the controller's),
+    read through the Ray dashboard's log API (``/api/v0/logs``: what ``ray logs`` reads)."""
+    listing = httpx.get(f"{dashboard}/api/v0/logs", params={"node_ip": node_ip, "glob": "serve/*.log"}, timeout=30)
+    listing.raise_for_status()
+    names = [n for group in (listing.json()["data"]["result"] or {}).values() for n in group]
+    lines: list[str] = []
+    for name in sorted(n if "/" in n else f"serve/{n}" for n in names):
+        if not name.startswith(("serve/controller_", "serve/replica_")) or "controller_build" in name:
+            continue
+        params = {"node_ip": node_ip, "filename": name, "lines": -1}
+        response = httpx.get(f"{dashboard}/api/v0/logs/file", params=params, timeout=60)
+        response.raise_for_status()
+        lines += response.text.splitlines()
+    return lines
+
+
+def check_replica_starts(lines: list[str]) -> list[Check]:
+    """Each engine deployment's last replica start, in its parts (observability/replica_start.py:
+    Serve's lines, the node cache's, vLLM's); information, never a failure."""
+    last: dict[tuple[str, str], replica_start.ReplicaStart] = {}
+    for start in replica_start.replica_starts(lines):
+        if start.phase in ("Prefill", "Decode"):
+            last[(start.app, start.deployment)] = start
+    if not last:
+        return [Check("replica start", True, "no engine replica start in Serve's controller log")]
+    return [Check(f"replica start {s.phase}", True, s.line()) for _, s in sorted(last.items())]
 
 
 def head_restarts(head: Any) -> str:
@@ -525,6 +558,13 @@ def run(args: argparse.Namespace) -> int:
         checks.append(check_replica_placement(apps, pod_nodes))
     except httpx.HTTPError as error:
         checks.append(Check("replica placement", False, f"Ray dashboard unreachable ({error}); port-forward 8265"))
+    try:  # the controller's lines from the head's files, the replicas' and engines' from the pod logs
+        serve_lines = [
+            line for h in heads if h.status.pod_ip for line in serve_log_lines(args.dashboard, h.status.pod_ip)
+        ]
+        checks += check_replica_starts(serve_lines + [line for _, log in worker_logs for line in log.splitlines()])
+    except (httpx.HTTPError, KeyError, ValueError) as error:
+        checks.append(Check("replica start", True, f"Serve's logs unreadable through the dashboard ({error})"))
     if not args.skip_http:
         checks.append(check_api_keys(args.endpoint, settings.api_keys_on, args.api_key))
         sent = datetime.datetime.now(datetime.UTC)

@@ -121,8 +121,9 @@ class Settings(BaseModel):
         description=(
             "Pull and unpack the serving image on the GPU nodes in parallel: nodeadm's FastImagePull feature gate "
             "(SOCI's parallel pull mode, on the EKS AL2023 AMIs since v20250821; nodeadm ignores it below 4 vCPUs "
-            "and 7 GiB), with the root volume's gp3 throughput raised to 600 MiB/s as the AMI's docs recommend "
-            "(about $19 a node-month above gp3's included 125 MiB/s, us-east-1)."
+            "and 7 GiB). Where the pull writes to the root volume (node_cache off, or a type without instance "
+            "storage) its gp3 throughput is raised to 600 MiB/s as the AMI's docs recommend (about $19 a node-month "
+            "above gp3's included 125 MiB/s, us-east-1); with node_cache on an instance store it stays at 125."
         ),
         json_schema_extra=_hint("true or false"),
     )

@@ -13,6 +13,14 @@ placement group before the engine reads ``model_source`` (Ray 2.58,
   reads half a checkpoint, or one that is not the staged one, under its name;
 - S3 unreachable, with a complete copy: the copy serves, and the log says so.
 
+Where the callback runs: when every bundle of the replica's placement group is on the replica's own
+node (a one-GPU engine, or tensor parallelism inside one node), ``on_before_node_init`` makes the
+folder in the replica's own process and tells Ray to skip its per-node tasks (``run_init_node``):
+each task is a new Ray worker that imports torch and Ray Serve LLM before it reaches the callback,
+about 26 s of a replica's start on an H100 (docs/features/cold-start.md). A placement group over
+several nodes keeps Ray's tasks, one per node. ``EKS_PD_NODE_FILL_IN_REPLICA=0`` in the workers'
+env turns the in-replica path off.
+
 One fill at a time per folder on a node (an ``flock`` on the node's disk, which every pod there
 shares); a replica that waited finds the copy complete. After a fill, the model's folders beyond the
 newest ``KEEP`` are removed: a revision change has two in play, the old and the new.
@@ -21,9 +29,11 @@ Standard library and boto3 (which the image's Ray uses for its own S3 mirror).
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -43,6 +53,10 @@ SKIPPED = (".staged", ".staging-error", HASH, MANIFEST)
 # Written last into a complete copy: the snapshot it holds, its files and how long the copy took.
 COMPLETE = ".complete"
 KEEP = 2
+# The workers' env switch for the in-replica path ("0": Ray's per-node tasks, as before), and what
+# the replica's log line ends with when it took that path.
+IN_REPLICA_ENV = "EKS_PD_NODE_FILL_IN_REPLICA"
+IN_REPLICA_LINE = "(in the replica: Ray's per-node download tasks skipped)"
 # Files copied at once, and each file's ranged parts at once (boto3's transfer manager).
 FILES_AT_ONCE = 8
 PARTS_AT_ONCE = 8
@@ -250,9 +264,44 @@ except ImportError:  # pragma: no cover - Ray-less import
     CallbackBase = object
 
 
+def placement_nodes(placement_group: Any) -> set[str]:
+    """The nodes a placement group's bundles are on (Ray's table; empty when there is none)."""
+    import ray
+
+    if placement_group is None:
+        return set()
+    return set(ray.util.placement_group_table(placement_group)["bundles_to_node_id"].values())
+
+
+def _torch_kernels_folder() -> None:
+    # What Ray's skipped task would have done first (download_model_files): torch cannot create its
+    # kernels folder when the parent is missing. torch.hub's home without importing torch.
+    home = os.environ.get("TORCH_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "torch"
+    )
+    os.makedirs(os.path.join(home, "kernels"), exist_ok=True)
+
+
 class NodeWeights(CallbackBase):  # type: ignore[misc]
     """Ray's ``callback_config.callback_class``: ``callback_kwargs`` = {"source": "s3://bucket/prefix"};
     the folder is the LLMConfig's own ``model_source``."""
+
+    async def on_before_node_init(self) -> None:
+        import ray
+
+        if os.environ.get(IN_REPLICA_ENV, "1") == "0":
+            return
+        here = ray.get_runtime_context().get_node_id()
+        if placement_nodes(self.ctx.placement_group) != {here}:
+            return  # bundles on other nodes: Ray's task on each fills that node's disk
+        folder = Path(self.llm_config.model_loading_config.model_source)
+        line = await asyncio.to_thread(fill, self.kwargs["source"], folder)
+        await asyncio.to_thread(_torch_kernels_folder)
+        self.ctx.run_init_node = False
+        # Serve's replica logger: the line carries the replica's id and time, in the replica's log
+        # file and on its stderr (Serve's default), which RAY_LOG_TO_STDERR puts in the pod's log,
+        # where verify reads it and the start's split (observability/replica_start.py) too.
+        logging.getLogger("ray.serve").info(f"{line} {IN_REPLICA_LINE}")
 
     def on_before_download_model_files_distributed(self) -> None:
         folder = Path(self.llm_config.model_loading_config.model_source)

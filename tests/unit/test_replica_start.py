@@ -1,0 +1,91 @@
+"""A replica's start split into its parts (observability/replica_start.py) from logs captured on an
+H100 with the image's stack (Ray 2.58, vLLM 0.26) and on this CPU (Ray 2.60): the run's output (the
+engines' lines) and Serve's controller and replica log files, as the rehearsal and verify read them."""
+
+from __future__ import annotations
+
+import gzip
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from eks_pd_serving.observability import replica_start
+from eks_pd_serving.weights.node_cache import eks_pd_node_cache
+
+RUNS = Path(__file__).resolve().parents[2] / "docs" / "gpu-runs"
+
+
+def captured(run: str) -> list[str]:
+    folder = RUNS / run
+    lines = []
+    if (folder / "run.log.gz").exists():
+        lines = gzip.open(folder / "run.log.gz", "rt", errors="replace").read().splitlines()
+    with tarfile.open(folder / "serve-logs.tgz") as archive:
+        for member in archive.getmembers():
+            stream = archive.extractfile(member) if member.isfile() else None
+            if stream is not None:
+                lines += stream.read().decode(errors="replace").splitlines()
+    return lines
+
+
+def by_replica(lines: list[str]) -> dict[str, replica_start.ReplicaStart]:
+    return {s.replica: s for s in replica_start.replica_starts(lines)}
+
+
+def test_a_decode_setting_change_splits_into_every_part_on_the_gpu() -> None:
+    # 2026-12-06, one H100, tiny model, caches warm: a decode engine setting changed.
+    decode = by_replica(captured("2026-12-06/gpu-updates-both-phases"))["33zto5y6"]
+    assert (decode.app, decode.phase, decode.node_init_how, decode.paired_by_time) == (
+        "pd-decode", "Decode", "ray tasks", False,
+    )  # fmt: skip
+    assert decode.parts() == {
+        "serve_saw": 0.1,  # "Deploying new version" to "Starting Replica"
+        "actor": 29.1,  # to "Started initializing replica"
+        "node_init": 27.9,  # Ray's per-node download tasks, to "Clearing the current platform cache"
+        "engine_process": 19.8,  # to vLLM's "Initializing a V1 LLM engine" (second resolution)
+        "executor_worker": 23.0,  # to the Ray worker's "world_size=1 rank=0"
+        "weights": 0.19529,  # vLLM's "Model loading took 0.01 GiB memory and 0.195290 seconds"
+        "engine_init": 3.59,  # vLLM's "init engine (...) took 3.59 s"
+        "to_running": 7.7,
+        "total": 111.3,  # to Serve's "started successfully"
+    }
+    assert decode.line().startswith("Decode replica 33zto5y6: 111.3 s to RUNNING (node init: ray tasks): ")
+
+
+def test_a_killed_replica_is_timed_from_the_crash_serve_saw() -> None:
+    # 2026-12-05, one H100: the decode replica's process killed; Serve saw the actor crash.
+    starts = by_replica(captured("2026-12-05/failover-decode"))
+    again = starts["sq10wyot"]
+    assert again.seen is not None and again.seen.isoformat() == "2026-12-05T14:52:10.787000"
+    assert again.parts()["serve_saw"] == 0.0 and again.parts()["total"] == 94.4
+    assert None not in again.parts().values()
+    # The first deploy started both engines together: their engine lines are paired by time.
+    assert starts["msnf0pvy"].paired_by_time and starts["ylwnzw36"].paired_by_time
+
+
+def test_the_node_cache_filled_in_the_replica_is_recognised_on_the_cpu() -> None:
+    # 2026-12-06, this CPU (Ray 2.60): the node cache's fill in the replica, Ray's tasks skipped.
+    starts = [s for s in replica_start.replica_starts(captured("2026-12-06/cpu-in-replica-fill")) if s.phase != "OpenAiIngress"]
+    assert {s.node_init_how for s in starts} == {"in the replica"}
+    assert all(s.parts()["node_init"] is not None for s in starts)
+    assert replica_start._IN_REPLICA == eks_pd_node_cache.IN_REPLICA_LINE
+
+
+@pytest.mark.parametrize(
+    ("drop", "missing"),
+    [
+        ("controller", None),  # without Serve's controller no start is found at all
+        ("Initializing a V1 LLM engine", {"engine_process", "executor_worker", "weights", "engine_init", "to_running"}),
+        ("Clearing the current platform cache", {"node_init", "engine_process", "executor_worker", "weights",
+                                                 "engine_init", "to_running"}),  # fmt: skip
+    ],
+)
+def test_a_missing_line_leaves_its_parts_unknown_not_guessed(drop: str, missing: set[str] | None) -> None:
+    lines = [line for line in captured("2026-12-06/gpu-updates-both-phases") if drop not in line]
+    starts = by_replica(lines)
+    if missing is None:
+        assert starts == {}
+        return
+    unknown = {k for k, v in starts["33zto5y6"].parts().items() if v is None}
+    assert unknown == missing
