@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 from support import NO_AWS_ENV, ROOT, synth_assembly
 
+from eks_pd_serving import rollout
+from eks_pd_serving.catalog import MODELS
 from eks_pd_serving.lifecycle.changes import Change, Impact, compare, create_only_paths
 from eks_pd_serving.lifecycle.graph import StackModel
+from eks_pd_serving.sizing import IMAGE_DISK_GIB, checkpoint_bytes
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "base": {},
@@ -107,6 +110,11 @@ def test_a_root_volume_change_rolls_the_gpu_nodes_through_the_launch_template(sy
     # The node group's template text is unchanged; the launch template's new version carries it.
     assert group.action == "modify" and group.cause == f"/LaunchTemplate/Version follows {template.resource} (modify)"
     assert "launches a new node first (surge)" in group.effect and "Ray workers on it restart" in group.effect
+    # How long, from the budget (rollout.node_replacement_s: the node, the image, the 9B's 17.7 GiB
+    # from S3 at the budgeted 200 MiB/s, a first engine start), for the group's two nodes.
+    each = rollout.node_replacement_s(checkpoint_bytes(MODELS["Qwen/Qwen3.5-9B"]), IMAGE_DISK_GIB)
+    assert f"about {each // 60} min a node until its engine serves" in group.effect
+    assert "2 node(s) one after another" in group.effect
     assert result.cleanup == ()
 
 

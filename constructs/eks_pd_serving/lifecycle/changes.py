@@ -126,7 +126,11 @@ def compare(old: StackModel, new: StackModel) -> Impact:
             cause = "create-only " + ", ".join(why) + (f"; {cause}" if carried.get(rid) else "")
         changes.append(
             Change(
-                actions[rid], rid, resource.type, cause, effect(actions[rid], old.resources[rid], resource, paths[rid])
+                actions[rid],
+                rid,
+                resource.type,
+                cause,
+                effect(actions[rid], old.resources[rid], resource, paths[rid], new),
             )
         )
     for rid in sorted(set(new.resources) - set(old.resources)):

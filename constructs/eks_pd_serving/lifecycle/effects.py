@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..assembly import field_diff
+from ..catalog import MODELS
 from ..endpoint import proxy
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
-from ..rollout import digest_annotation, env_names
+from ..rollout import digest_annotation, env_names, node_replacement_s
+from ..sizing import IMAGE_DISK_GIB, checkpoint_bytes
 from . import facts, needs, rollout
 from .graph import Resource, StackModel, placeholders
 
@@ -60,7 +62,25 @@ def _rolling_update(resource: Resource) -> str:
     return line
 
 
-def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> str:
+def _node_time(stack: StackModel | None, nodes: int) -> str:
+    """About how long the group's nodes take to serve again, replaced one at a time."""
+    checkpoint = None
+    for staged in (r for r in (stack.resources.values() if stack else ()) if r.type == "Custom::ModelWeights"):
+        model = MODELS.get(str(staged.properties.get("Model")))
+        checkpoint = checkpoint_bytes(model) if model else None
+    each = node_replacement_s(checkpoint, IMAGE_DISK_GIB)
+    return (
+        f"about {each // 60} min a node until its engine serves (node, image pull, weights from S3, a first engine "
+        f"start: docs/features/cold-start.md), {nodes} node(s) one after another"
+    )
+
+
+def _desired(resource: Resource) -> int:
+    scaling = resource.properties.get("ScalingConfig") or {}
+    return int(scaling.get("DesiredSize", scaling.get("MinSize", 1)))
+
+
+def _nodegroup_effect(action: Action, resource: Resource, paths: set[str], stack: StackModel | None = None) -> str:
     labels = _labels(resource)
     gpu = GPU_NODE_LABELS.items() <= labels.items()
     system = SYSTEM_NODE_LABELS.items() <= labels.items()
@@ -77,10 +97,12 @@ def _nodegroup_effect(action: Action, resource: Resource, paths: set[str]) -> st
     if action == "delete":
         return f"{what} deleted: its nodes are drained and terminated; {pods}"
     if action == "replace":
-        return f"{what} replaced: a new group is created, then the old one drained and deleted; {pods}"
+        timing = f"; {_node_time(stack, _desired(resource))}" if gpu else ""
+        return f"{what} replaced: a new group is created, then the old one drained and deleted; {pods}{timing}"
     rolling = [p for p in paths if p.startswith(("/LaunchTemplate", "/ReleaseVersion", "/Version", "/AmiType"))]
     if rolling:
-        return f"{what} updated: {_rolling_update(resource)}; {pods}"
+        timing = f"; {_node_time(stack, _desired(resource))}" if gpu else ""
+        return f"{what} updated: {_rolling_update(resource)}; {pods}{timing}"
     if any(p.startswith("/ScalingConfig") for p in paths):
         return (
             f"{what} size bounds changed: EKS sets the group to the template's desired size at once "
@@ -133,12 +155,16 @@ def _addon_effect(action: Action, resource: Resource, paths: set[str]) -> str:
     return f"add-on {name} updated in place"
 
 
-def effect(action: Action, old: Resource | None, new: Resource | None, paths: set[str]) -> str:
+def effect(
+    action: Action, old: Resource | None, new: Resource | None, paths: set[str], stack: StackModel | None = None
+) -> str:
+    """One line on what the change does to the running service (``stack``: the new template, for
+    what a line needs beyond the resource, such as the model's size)."""
     resource = new or old
     assert resource is not None
     kind = resource.type
     if kind == facts.NODEGROUP:
-        return _nodegroup_effect(action, resource, paths)
+        return _nodegroup_effect(action, resource, paths, stack)
     if kind == facts.MANIFEST:
         return _manifest_effect(action, resource)
     if kind == facts.HELM:

@@ -28,6 +28,7 @@ _IN_PLACE = ("replicas", "minReplicas", "maxReplicas")
 # tiny engines, first start, Triton compiling: docs/gpu-runs/2026-11-30); the rest is not measured.
 ENGINES_START_S = 300
 HEAD_START_S = 120  # the head pod, its GCS, KubeRay submitting the serve config (estimate)
+NODE_READY_S = 180  # an EKS GPU node launched until Ready (on paper: 2-4 min; not measured here)
 IMAGE_PULL_MIB_S = 100  # a node pulling the image from ECR when it lacks it (estimate)
 S3_READ_MIB_S = 200  # a worker reading the checkpoint through Ray's S3 mirror (estimate)
 UNKNOWN_MODEL_GIB = 100  # a model the catalogue does not size: as if 100 GiB
@@ -42,6 +43,16 @@ POD_START_S = WAIT_S
 # waits after its success read it within seconds; a failed one that a rollback to a version that
 # did not prune it left behind is gone before the next deploy applies it again and waits on it.
 FINISHED_TTL_S = 5 * 60
+
+
+def node_replacement_s(checkpoint_bytes: int | None, image_gib: float) -> int:
+    """About how long one GPU node replaced by a node group update takes until its engine serves
+    (whole minutes): the node joining, one pull of the compressed image, the node cache's fill of the
+    checkpoint from S3 and a first engine start with empty compile caches (docs/features/cold-start.md
+    has each part, measured or on paper)."""
+    mib = (checkpoint_bytes if checkpoint_bytes is not None else UNKNOWN_MODEL_GIB * 2**30) / 2**20
+    seconds = NODE_READY_S + image_gib / 2 * 1024 / IMAGE_PULL_MIB_S + mib / S3_READ_MIB_S + ENGINES_START_S
+    return math.ceil(seconds / 60) * 60
 
 
 def deadline_s(checkpoint_bytes: int | None, image_gib: float) -> int:
