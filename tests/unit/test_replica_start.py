@@ -20,7 +20,8 @@ def captured(run: str) -> list[str]:
     folder = RUNS / run
     lines = []
     if (folder / "run.log.gz").exists():
-        lines = gzip.open(folder / "run.log.gz", "rt", errors="replace").read().splitlines()
+        with gzip.open(folder / "run.log.gz", "rt", errors="replace") as stream:
+            lines = stream.read().splitlines()
     with tarfile.open(folder / "serve-logs.tgz") as archive:
         for member in archive.getmembers():
             stream = archive.extractfile(member) if member.isfile() else None
@@ -66,7 +67,11 @@ def test_a_killed_replica_is_timed_from_the_crash_serve_saw() -> None:
 
 def test_the_node_cache_filled_in_the_replica_is_recognised_on_the_cpu() -> None:
     # 2026-12-06, this CPU (Ray 2.60): the node cache's fill in the replica, Ray's tasks skipped.
-    starts = [s for s in replica_start.replica_starts(captured("2026-12-06/cpu-in-replica-fill")) if s.phase != "OpenAiIngress"]
+    starts = [
+        s
+        for s in replica_start.replica_starts(captured("2026-12-06/cpu-in-replica-fill"))
+        if s.phase != "OpenAiIngress"
+    ]
     assert {s.node_init_how for s in starts} == {"in the replica"}
     assert all(s.parts()["node_init"] is not None for s in starts)
     assert replica_start._IN_REPLICA == eks_pd_node_cache.IN_REPLICA_LINE
@@ -77,8 +82,10 @@ def test_the_node_cache_filled_in_the_replica_is_recognised_on_the_cpu() -> None
     [
         ("controller", None),  # without Serve's controller no start is found at all
         ("Initializing a V1 LLM engine", {"engine_process", "executor_worker", "weights", "engine_init", "to_running"}),
-        ("Clearing the current platform cache", {"node_init", "engine_process", "executor_worker", "weights",
-                                                 "engine_init", "to_running"}),  # fmt: skip
+        (
+            "Clearing the current platform cache",
+            {"node_init", "engine_process", "executor_worker", "weights", "engine_init", "to_running"},
+        ),
     ],
 )
 def test_a_missing_line_leaves_its_parts_unknown_not_guessed(drop: str, missing: set[str] | None) -> None:
