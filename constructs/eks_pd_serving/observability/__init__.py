@@ -1,6 +1,7 @@
 """Observability (``observability=true``): the metric and log catalogue, the PromQL (``promql``), the
 add-on's configuration (``agent``: CDK-free, re-exported here), and the constructs: the add-on
-(``addon``), the dashboard (``dashboard``) and its alarms (``alarms``), imported from their modules."""
+(``addon``), the dashboard (``dashboard``) and its alarms (``alarms``), imported from their modules;
+and a replica start's split from the logs (``replica_start``, read by the fault rehearsal and verify)."""
 
 from __future__ import annotations
 

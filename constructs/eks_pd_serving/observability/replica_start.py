@@ -8,8 +8,11 @@ The parts, in order (each the gap between two lines, or vLLM's own figure):
   failed, a new version deployed) until it starts a replica;
 - ``actor``: the new replica's actor up (a Ray worker process, its imports, the deployment's
   constructor reached): "Started initializing replica";
-- ``node_init``: the weights made ready on the node (Ray Serve LLM's per-node download tasks, or
-  the node cache's fill in the replica) until "Clearing the current platform cache";
+- ``node_init``: the weights made ready on the node: the node cache's fill in the replica, until its
+  line (None when Ray Serve LLM's per-node download tasks did it: their end is not logged);
+- ``engine_config``: Ray Serve LLM 2.58 builds vLLM's engine config in a Ray task on the GPU's
+  bundle (a further Python process importing vLLM), until "Clearing the current platform cache";
+  under Ray's download tasks it includes them;
 - ``engine_process``: vLLM's engine core process up ("Initializing a V1 LLM engine");
 - ``executor_worker``: the engine's Ray executor worker up (its first line, ``world_size=``);
 - ``weights``: vLLM's "Model loading took ... seconds";
@@ -58,8 +61,8 @@ _ENGINE_EVENTS = {
     "weights": re.compile(r"^Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"),
     "init": re.compile(r"^init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
-PARTS = ("serve_saw", "actor", "node_init", "engine_process", "executor_worker", "weights", "engine_init",
-         "to_running")  # fmt: skip
+PARTS = ("serve_saw", "actor", "node_init", "engine_config", "engine_process", "executor_worker", "weights",
+         "engine_init", "to_running")  # fmt: skip
 
 
 @dataclass
@@ -81,7 +84,8 @@ class ReplicaStart:
     starting: datetime.datetime
     seen: datetime.datetime | None = None
     initializing: datetime.datetime | None = None
-    node_init_done: datetime.datetime | None = None
+    weights_ready: datetime.datetime | None = None  # the node cache's line, when it filled in the replica
+    config_done: datetime.datetime | None = None  # "Clearing the current platform cache": config built too
     node_init_how: str | None = None  # "ray tasks" or "in the replica"
     engine_core: datetime.datetime | None = None
     executor_worker: datetime.datetime | None = None
@@ -108,8 +112,9 @@ class ReplicaStart:
         return {
             "serve_saw": gap(self.seen, self.starting),
             "actor": gap(self.starting, self.initializing),
-            "node_init": gap(self.initializing, self.node_init_done),
-            "engine_process": gap(self.node_init_done, self.engine_core),
+            "node_init": gap(self.initializing, self.weights_ready),
+            "engine_config": gap(self.weights_ready or self.initializing, self.config_done),
+            "engine_process": gap(self.config_done, self.engine_core),
             "executor_worker": gap(self.engine_core, self.executor_worker),
             "weights": self.weights_s,
             "engine_init": self.engine_init_s,
@@ -171,9 +176,9 @@ def replica_starts(lines: Iterable[str]) -> list[ReplicaStart]:
             start.node_init_how = "ray tasks"
         elif message.endswith(_IN_REPLICA):
             start.node_init_how = "in the replica"
-            start.node_init_done = start.node_init_done or at  # Ray 2.60 logs no platform-cache line
+            start.weights_ready = at
         elif message.startswith(_NODE_INIT_DONE):
-            start.node_init_done = max(at, start.node_init_done or at)
+            start.config_done = at
     ordered = sorted(starts.values(), key=lambda s: s.starting)
     if ordered:
         _match_engines(ordered, _engine_events(vllm_lines, ordered[0].starting.year))
@@ -213,9 +218,9 @@ def _engine_events(lines: list[tuple[str, str | None, str | None, str]], year: i
 
 def _overlap(one: ReplicaStart, other: ReplicaStart) -> bool:
     """Their engine windows (node init done to RUNNING, open-ended while starting) overlap."""
-    assert one.node_init_done is not None and other.node_init_done is not None
+    assert one.config_done is not None and other.config_done is not None
     far = datetime.datetime.max
-    return one.node_init_done <= (other.running or far) and other.node_init_done <= (one.running or far)
+    return one.config_done <= (other.running or far) and other.config_done <= (one.running or far)
 
 
 def _match_engines(starts: list[ReplicaStart], events: list[_Engine]) -> None:
@@ -236,11 +241,11 @@ def _match_engines(starts: list[ReplicaStart], events: list[_Engine]) -> None:
             return event
         return None
 
-    by_node_init = sorted((s for s in starts if s.node_init_done), key=lambda s: s.node_init_done)  # type: ignore[arg-type,return-value]
-    for start in by_node_init:
-        assert start.node_init_done is not None
-        start.paired_by_time = any(_overlap(start, other) for other in by_node_init if other is not start)
-        core = take("core", start.node_init_done, start.running)
+    by_config = sorted((s for s in starts if s.config_done), key=lambda s: s.config_done)  # type: ignore[arg-type,return-value]
+    for start in by_config:
+        assert start.config_done is not None
+        start.paired_by_time = any(_overlap(start, other) for other in by_config if other is not start)
+        core = take("core", start.config_done, start.running)
         if core is None:
             continue
         start.engine_core = core.at

@@ -16,7 +16,7 @@ if [ ! -f /tmp/q9/config.json ]; then
 fi
 mkdir -p "$2"
 start=$(date +%s)
-timeout "${LIMIT:-540}" python3 -m rehearsal.faults --gpu --weights /tmp/q9 --faults "$3" --template "$1" \
+timeout "${LIMIT:-540}" python3 -m rehearsal.faults --gpu --weights ${WEIGHTS:-/tmp/q9} --faults "$3" --template "$1" \
   --report "$2/faults.json" "${@:4}" > "$2/run.log" 2>&1
 echo "rc=$? wall=$(( $(date +%s) - start ))s"
 grep -E "replica [a-z0-9]+: |node cache|PASS|FAIL|Traceback|Error|== fault" "$2/run.log" | grep -v "objects errored\|bytes errored" | cut -c1-400 | head -30
