@@ -21,7 +21,7 @@ from typing import Any
 
 from eks_pd_serving.endpoint_check import check_endpoint
 from eks_pd_serving.k8s import serve_config as layout
-from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS
+from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS, replica_start
 
 from . import api_keys, autoscale, client_limits, profile, verdict
 from .probes import (
@@ -110,6 +110,22 @@ def local_ray(
             log(f"teardown: stopped {stopped} leftover process(es)")
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def logs_dir() -> Path:
+    """The running Ray session's log folder (Serve's controller and replica logs under ``serve/``)."""
+    import ray
+
+    return Path(ray._private.worker.global_worker.node.get_logs_dir_path())
+
+
+def engine_starts(logs: Path) -> list[dict[str, Any]]:
+    """Every engine replica's start so far, split (observability/replica_start.py), from Serve's files."""
+    lines = [
+        line for path in sorted(logs.glob("serve/*.log")) for line in path.read_text(errors="replace").splitlines()
+    ]
+    starts = replica_start.replica_starts(lines)
+    return [s.summary() for s in starts if s.phase in ("Prefill", "Decode")]
 
 
 def kill_marked(run_id: str) -> int:
@@ -235,6 +251,8 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
             if keys and config is rehearsed:
                 log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")
                 report["api_keys"], used = api_keys.probe(endpoint, keys, run_id, log)
+            if config is rehearsed:
+                report["replica_starts"] = engine_starts(logs_dir())
             if config is rehearsed:
                 # After traffic, so the request and KV families exist: the dashboard's metric
                 # names are checked against this (tests/template/test_observability.py).

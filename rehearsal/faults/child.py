@@ -12,7 +12,7 @@ from typing import Any
 from eks_pd_serving.k8s import serve_config as layout
 
 from .. import gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint, warm_node
-from ..harness import LOCAL_ENV, PROMPTS, build, deploy, free_port, local_ray, undeploy
+from ..harness import LOCAL_ENV, PROMPTS, build, deploy, free_port, local_ray, logs_dir, undeploy
 from ..probes import Endpoint
 from . import registry
 from .fault import Context, RunArgs
@@ -44,13 +44,6 @@ def _engines(run: RunArgs, ray_service: dict[str, Any]) -> tuple[dict[str, Any],
     return rehearsed, gpu_profile.gpu_env(profile.worker_env(ray_service), host)
 
 
-def _logs_dir() -> str:
-    """This session's log folder (Serve's controller and replica logs, under ``serve/``)."""
-    import ray
-
-    return str(ray._private.worker.global_worker.node.get_logs_dir_path())
-
-
 def run_child(run: RunArgs) -> int:
     events = Events(run.events)
     ray_service = profile.ray_service_from_template(run.template)
@@ -78,7 +71,7 @@ def run_child(run: RunArgs) -> int:
             env.update(setup.env)
         resources = profile.custom_resources(rehearsed)
         run_id = stack.enter_context(local_ray(env, metrics_port, resources, redis_password=password))
-        events.write({"type": "ray_logs", "dir": _logs_dir()})
+        events.write({"type": "ray_logs", "dir": str(logs_dir())})
         _expected(run, events, rehearsed, endpoint, http_port, any(f.deploys_as_kuberay for f in faults))
         with Load(endpoint, events, run.streams) as load:
             context = Context(run, load, events, endpoint, http_port, run_id, rehearsed,

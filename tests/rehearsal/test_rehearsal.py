@@ -107,6 +107,12 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     assert report["weights"]["from_s3"] is True
     assert report["weights"]["source"] == "s3://rehearsal-model-weights/models/Qwen/Qwen3.5-9B/main"
     assert "ok: the engines' weights came from s3://rehearsal-model-weights/" in result.stdout
+    # The node cache filled in each engine's replica and Ray Serve LLM skipped its per-node download
+    # tasks (issue 66): every engine start's split, from Serve's own log files, says so.
+    starts = report["replica_starts"]
+    assert {s["deployment"].split(":")[0] for s in starts} == {"Prefill", "Decode"}
+    assert {s["node_init_how"] for s in starts} == {"in the replica"}, starts
+    assert all(s["parts_s"]["node_init"] is not None for s in starts)
     requests = report["pd"]["requests"]
     assert [r["kind"] for r in requests].count("stream") == 4
     for request in requests:

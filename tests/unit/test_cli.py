@@ -43,6 +43,15 @@ def test_every_subcommand_has_help(command: str) -> None:
     assert result.returncode == 0 and "usage: python -m eks_pd_serving " + command in result.stdout
 
 
+def test_the_top_level_help_speaks_to_its_users_not_of_modules() -> None:
+    result = cli("--help")
+    assert result.returncode == 0
+    head = result.stdout.split("positional arguments")[0]
+    assert "before:  preflight" in head and "after:   verify" in head
+    # The package's module names are the developers' (the module docstring), not the users'.
+    assert not any(name in head for name in ("sizing_cmd", "k8s_diff", "_common", "``"))
+
+
 # Run as `python -m eks_pd_serving`, with an import of jsii refused: aws_cdk, cdk8s and constructs
 # all load it, and loading it starts Node (on Node 20, with its end-of-life banner).
 _NO_JSII = """

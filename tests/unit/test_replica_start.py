@@ -18,15 +18,15 @@ RUNS = Path(__file__).resolve().parents[2] / "docs" / "gpu-runs"
 
 def captured(run: str) -> list[str]:
     folder = RUNS / run
-    lines = []
+    lines: list[str] = []
     if (folder / "run.log.gz").exists():
-        with gzip.open(folder / "run.log.gz", "rt", errors="replace") as stream:
-            lines = stream.read().splitlines()
+        with gzip.open(folder / "run.log.gz", "rt", errors="replace") as text:
+            lines = text.read().splitlines()
     with tarfile.open(folder / "serve-logs.tgz") as archive:
         for member in archive.getmembers():
-            stream = archive.extractfile(member) if member.isfile() else None
-            if stream is not None:
-                lines += stream.read().decode(errors="replace").splitlines()
+            data = archive.extractfile(member) if member.isfile() else None
+            if data is not None:
+                lines += data.read().decode(errors="replace").splitlines()
     return lines
 
 

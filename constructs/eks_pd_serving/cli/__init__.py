@@ -1,10 +1,6 @@
-"""Command-line tool: know before you deploy, prove after. One module a command: ``preflight``,
-``sizing_cmd`` (sizing), ``cost``, ``verify``, ``k8s_diff`` (k8s-diff), ``impact``; ``_common`` holds
-the settings arguments and the tables they print.
-
-Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff,
-impact: something changed), 2 bad usage or configuration.
-"""
+"""Command-line tool: one module a command (``preflight``, ``sizing_cmd`` for sizing, ``cost``,
+``verify``, ``k8s_diff`` for k8s-diff, ``impact``); ``_common`` holds the settings arguments and the
+tables they print. ``DESCRIPTION`` is what ``--help`` tells its users."""
 
 from __future__ import annotations
 
@@ -14,6 +10,16 @@ import sys
 from collections.abc import Sequence
 
 from ..config import ConfigError
+
+DESCRIPTION = """Know before you deploy, prove after: the checks and estimates around `cdk deploy`.
+
+  before:  preflight (your AWS account), sizing (the model on the GPU), cost (what it runs)
+  review:  k8s-diff and impact (what a change does to the running service, beside `cdk diff`)
+  after:   verify (the deployed cluster serves as designed)
+
+preflight, sizing and verify read the settings `cdk synth` reads (cdk.json, -c key=value); cost,
+k8s-diff and impact read what it wrote (cdk.out). Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff, impact: something changed),
+2 bad usage or configuration."""
 
 # Each command is a module with a docstring, ``add_arguments`` and ``run``. They are imported when
 # the parser is built, not with this package: synth imports ``sizing_cmd`` alone. None of them
@@ -30,7 +36,7 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eks_pd_serving", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m eks_pd_serving", description=DESCRIPTION,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     commands = parser.add_subparsers(dest="command", required=True)
     for name, module_name in COMMANDS.items():
