@@ -23,9 +23,11 @@ MOUNT_PATH = "/opt/eks-pd/rollout"
 # In place, by the Job (KubeRay's hash leaves them out too: it never pushes them itself).
 _IN_PLACE = ("replicas", "minReplicas", "maxReplicas")
 
-# What a rebuilt cluster needs before it serves, for the Job's deadline. Estimates, labelled:
-# the engines' start was measured on the GPU rehearsal (about 250 s from deploy to RUNNING for two
-# tiny engines, first start, Triton compiling: docs/gpu-runs/2026-11-30); the rest is not measured.
+# What a rebuilt cluster needs before it serves, for the Job's deadline. Estimates, labelled. The
+# engines' start, measured on one H100 with the image's stack (docs/features/cold-start.md): the 9B
+# on a warm node 88 to 98 s to RUNNING (74 to 77 s of it four process starts); one 9B engine with
+# Triton's cache empty 173 s outside Serve, to which Serve adds the actor and the engine-config task
+# (about 38 s): about 211 s, inside this bound. The rest is not measured.
 ENGINES_START_S = 300
 HEAD_START_S = 120  # the head pod, its GCS, KubeRay submitting the serve config (estimate)
 NODE_READY_S = 180  # an EKS GPU node launched until Ready (on paper: 2-4 min; not measured here)
