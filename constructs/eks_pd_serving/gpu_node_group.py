@@ -145,9 +145,10 @@ class EfaGpuNodeGroup(Construct):
                     launch_template.root_volume(
                         root_volume_gib,
                         launch_template.root_throughput(
-                            fast_image_pull=fast_image_pull, local_storage=local_storage,
+                            fast_image_pull=fast_image_pull,
+                            local_storage=local_storage,
                             instance_store_gb=group.instance.instance_store_gb,
-                        ),  # fmt: skip
+                        ),
                     )
                 ],
                 user_data=Fn.base64(user_data) if user_data else None,

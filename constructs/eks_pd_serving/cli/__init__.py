@@ -18,8 +18,10 @@ DESCRIPTION = """Know before you deploy, prove after: the checks and estimates a
   after:   verify (the deployed cluster serves as designed)
 
 preflight, sizing and verify read the settings `cdk synth` reads (cdk.json, -c key=value); cost,
-k8s-diff and impact read what it wrote (cdk.out). Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff, impact: something changed),
-2 bad usage or configuration."""
+k8s-diff and impact read what it wrote (cdk.out).
+
+Exit codes: 0 every check passed (k8s-diff, impact: nothing changed), 1 a check failed (k8s-diff,
+impact: something changed), 2 bad usage or configuration."""
 
 # Each command is a module with a docstring, ``add_arguments`` and ``run``. They are imported when
 # the parser is built, not with this package: synth imports ``sizing_cmd`` alone. None of them
