@@ -119,13 +119,9 @@ def logs_dir() -> Path:
     return Path(ray._private.worker.global_worker.node.get_logs_dir_path())
 
 
-def engine_starts(logs: Path) -> list[dict[str, Any]]:
-    """Every engine replica's start so far, split (observability/replica_start.py), from Serve's files."""
-    lines = [
-        line for path in sorted(logs.glob("serve/*.log")) for line in path.read_text(errors="replace").splitlines()
-    ]
-    starts = replica_start.replica_starts(lines)
-    return [s.summary() for s in starts if s.phase in ("Prefill", "Decode")]
+def serve_log_lines(logs: Path) -> list[str]:
+    """Every line of Serve's controller and replica log files in a session's log folder."""
+    return [line for path in sorted(logs.glob("serve/*.log")) for line in path.read_text(errors="replace").splitlines()]
 
 
 def kill_marked(run_id: str) -> int:
@@ -252,7 +248,9 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
                 log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")
                 report["api_keys"], used = api_keys.probe(endpoint, keys, run_id, log)
             if config is rehearsed:
-                report["replica_starts"] = engine_starts(logs_dir())
+                # Each engine start so far, split (observability/replica_start.py), from Serve's files.
+                starts = replica_start.engine_starts(serve_log_lines(logs_dir()))
+                report["replica_starts"] = [s.summary() for s in starts]
             if config is rehearsed:
                 # After traffic, so the request and KV families exist: the dashboard's metric
                 # names are checked against this (tests/template/test_observability.py).

@@ -19,7 +19,7 @@ from eks_pd_serving.fault_tolerance import kv_guard
 from eks_pd_serving.observability import catalogue as om
 from eks_pd_serving.observability import replica_start
 
-from ..harness import PROMPTS, kill_marked, log
+from ..harness import PROMPTS, kill_marked, log, serve_log_lines
 from ..processes import MARKER
 from . import registry
 from .child import run_child
@@ -28,8 +28,6 @@ from .judge import answers_judged, control_texts, holds, judge, read_events
 from .load import STREAMS
 from .update import UPDATES
 
-# The engine deployments' names start with these (Ray Serve LLM's PD builder).
-ENGINE_PHASES = ("Prefill", "Decode")
 USAGE = """
     .venv-rehearse/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
     python -m rehearsal.faults --gpu --faults kv   # NVIDIA GPUs, the image's stack on PYTHONPATH
@@ -46,7 +44,7 @@ class Output:
     def __init__(self, child: subprocess.Popen[str]) -> None:
         self.pull_failed_lines = 0
         # Every line (the engines' among them), for the replica starts' split.
-        self.engine_lines: list[str] = []
+        self.lines: list[str] = []
         # The KV guard's lines (Serve logs them to stderr here, as in a pod; its log files buffer).
         self.guard_lines = dict.fromkeys(kv_guard.lines(), 0)
         self._thread = threading.Thread(target=self._read, args=(child,), daemon=True)
@@ -56,7 +54,7 @@ class Output:
         assert child.stdout is not None
         for line in child.stdout:
             sys.stdout.write(line)
-            self.engine_lines.append(line)
+            self.lines.append(line)
             self.pull_failed_lines += om.KV_PULL_FAILED_LINE in line
             for what, phrase in kv_guard.lines().items():
                 self.guard_lines[what] += f"{phrase}:" in line
@@ -184,22 +182,19 @@ def _run(run: RunArgs, faults: tuple[Fault, ...]) -> dict[str, Any]:
               "control_under_load": control_texts(events), "faults": judged}  # fmt: skip
     output.join()
     logs = next((Path(e["dir"]) for e in events if e["type"] == "ray_logs"), None)
-    report["replica_starts"] = starts_by_fault(events, judged, output.engine_lines, logs)
+    report["replica_starts"] = starts_by_fault(events, judged, output.lines, logs)
     report["kv_pull_failed_lines"] = output.pull_failed_lines
     # The decode engines' KV guard: started on, stood aside (a vLLM that handles failed pulls), tripped.
     report["kv_guard"] = output.guard_lines
     return report
 
 
-def starts_by_fault(events: list[dict[str, Any]], judged: list[dict[str, Any]], engine_lines: list[str],
+def starts_by_fault(events: list[dict[str, Any]], judged: list[dict[str, Any]], lines: list[str],
                     logs: Path | None) -> list[dict[str, Any]]:  # fmt: skip
     """Every engine replica's start in its parts (observability/replica_start.py, from Serve's log
     files and the engines' lines); each judged fault gets the starts that followed it
     (``replica_start``) beside its ``disaggregated_again_s``."""
-    lines = list(engine_lines)
-    for path in sorted(logs.glob("serve/*.log")) if logs else []:
-        lines += path.read_text(errors="replace").splitlines()
-    starts = [s for s in replica_start.replica_starts(lines) if s.phase in ENGINE_PHASES]
+    starts = replica_start.engine_starts([*lines, *(serve_log_lines(logs) if logs else [])])
     faults = [e for e in events if e["type"] == "fault"]
     for index, (fault, result) in enumerate(zip(faults, judged, strict=False)):
         since = datetime.datetime.fromtimestamp(fault["at"]) - datetime.timedelta(seconds=1)

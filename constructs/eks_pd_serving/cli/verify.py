@@ -226,9 +226,8 @@ def check_replica_starts(lines: list[str]) -> list[Check]:
     """Each engine deployment's last replica start, in its parts (observability/replica_start.py:
     Serve's lines, the node cache's, vLLM's); information, never a failure."""
     last: dict[tuple[str, str], replica_start.ReplicaStart] = {}
-    for start in replica_start.replica_starts(lines):
-        if start.phase in ("Prefill", "Decode"):
-            last[(start.app, start.deployment)] = start
+    for start in replica_start.engine_starts(lines):
+        last[(start.app, start.deployment)] = start
     if not last:
         return [Check("replica start", True, "no engine replica start in Serve's controller log")]
     return [Check(f"replica start {s.phase}", True, s.line()) for _, s in sorted(last.items())]

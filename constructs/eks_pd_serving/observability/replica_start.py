@@ -61,6 +61,8 @@ _ENGINE_EVENTS = {
     "weights": re.compile(r"^Model loading took [\d.]+ GiB (?:memory )?and ([\d.]+) seconds"),
     "init": re.compile(r"^init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
+# The engine deployments' names start with these (Ray Serve LLM's PD builder): the starts that matter.
+ENGINE_PHASES = ("Prefill", "Decode")
 PARTS = ("serve_saw", "actor", "node_init", "engine_config", "engine_process", "executor_worker", "weights",
          "engine_init", "to_running")  # fmt: skip
 
@@ -134,8 +136,8 @@ class ReplicaStart:
         parts = self.parts()
         words = [f"{k} {v:.1f} s" for k, v in parts.items() if k != "total" and v is not None]
         how = f" (node init: {self.node_init_how})" if self.node_init_how else ""
-        total = f"{parts['total']:.1f} s" if parts["total"] is not None else "not RUNNING yet"
-        return f"{self.phase} replica {self.replica}: {total} to RUNNING{how}: {', '.join(words)}"
+        total = f"{parts['total']:.1f} s to RUNNING" if parts["total"] is not None else "not RUNNING yet"
+        return f"{self.phase} replica {self.replica}: {total}{how}: {', '.join(words)}"
 
 
 def _serve_time(text: str) -> datetime.datetime:
@@ -256,3 +258,8 @@ def _match_engines(starts: list[ReplicaStart], events: list[_Engine]) -> None:
             start.weights_s = weights.seconds if weights else None
         init = take("init", core.at, start.running, core.pid)
         start.engine_init_s = init.seconds if init else None
+
+
+def engine_starts(lines: Iterable[str]) -> list[ReplicaStart]:
+    """``replica_starts`` of the engine deployments alone (not the ingress's)."""
+    return [s for s in replica_starts(lines) if s.phase in ENGINE_PHASES]

@@ -16,8 +16,8 @@ placement group before the engine reads ``model_source`` (Ray 2.58,
 Where the callback runs: when every bundle of the replica's placement group is on the replica's own
 node (a one-GPU engine, or tensor parallelism inside one node), ``on_before_node_init`` makes the
 folder in the replica's own process and tells Ray to skip its per-node tasks (``run_init_node``):
-each task is a new Ray worker that imports torch and Ray Serve LLM before it reaches the callback,
-about 26 s of a replica's start on an H100 (docs/features/cold-start.md). A placement group over
+each task is a new Ray worker that imports torch and Ray Serve LLM before it reaches the callback
+(skipping them saved about 2.6 s of a replica's start on an H100: docs/features/cold-start.md). A placement group over
 several nodes keeps Ray's tasks, one per node. ``EKS_PD_NODE_FILL_IN_REPLICA=0`` in the workers'
 env turns the in-replica path off.
 
