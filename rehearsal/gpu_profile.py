@@ -145,6 +145,28 @@ def gpu_profile(
     return local
 
 
+def first_deploy_steps(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configs a first deploy goes through: where two engines share one GPU, each engine's
+    application alone first, in order, then the whole config; else the whole config at once. Two
+    9B engines profiling at once on one GPU each count the other's weights as used, and both failed
+    with vLLM's ``No available memory for the cache blocks`` six times (2026-12-06, one H100);
+    deployed, each engine has a node of its own."""
+    shared = any(
+        bundle.get("GPU", 1) < 1
+        for _, llm in serve_config.phase_llm_configs(config)
+        for bundle in llm.get("placement_group_config", {}).get("bundles", [])
+    )
+    if not shared:
+        return [config]
+    engines = [app for app in config["applications"] if _holds_engine(app)]
+    return [{**config, "applications": engines[: k + 1]} for k in range(len(engines))] + [config]
+
+
+def _holds_engine(app: dict[str, Any]) -> bool:
+    args = app.get("args") or {}
+    return any(isinstance(args.get(k), dict) for k in ("prefill_config", "decode_config", "llm_config"))
+
+
 def gpu_env(worker_env: dict[str, str], host: GpuHost) -> dict[str, str]:
     """The worker env, plus the sampler switch vLLM needs without FlashInfer, and on one GPU the
     share each engine's Ray worker asks for: vLLM 0.26's RayWorkerProc asks

@@ -110,6 +110,21 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
     assert "VLLM_RAY_PER_WORKER_GPUS" not in gpu_profile.gpu_env({}, H200)
 
 
+def test_engines_sharing_one_gpu_start_one_after_the_other(deployed: dict[str, Any]) -> None:
+    # Two 9B engines profiling at once on one H100 failed six times (2026-12-06): each engine's
+    # application is deployed alone first, then the whole config; with a GPU each, all at once.
+    shared = gpu_profile.gpu_profile(deployed, Path("/m"), dataclasses.replace(H200, gpus=1), dummy_weights=True)
+    steps = gpu_profile.first_deploy_steps(shared)
+    assert [[app["name"] for app in step["applications"]] for step in steps] == [
+        ["pd-prefill"],
+        ["pd-prefill", "pd-decode"],
+        ["pd-prefill", "pd-decode", "pd-openai"],
+    ]
+    assert steps[-1] is shared and steps[0]["applications"][0] is shared["applications"][0]
+    own = gpu_profile.gpu_profile(deployed, Path("/m"), H200, dummy_weights=True)
+    assert gpu_profile.first_deploy_steps(own) == [own]
+
+
 def test_the_two_engines_on_one_host_probe_disjoint_tcpstore_ports(deployed: dict[str, Any]) -> None:
     # vLLM 0.26's Ray executor probes data_parallel_master_port + 100 onwards, 32 ports, and takes
     # VLLM_DP_MASTER_PORT for that port without data parallelism: unset, both engines probed port
