@@ -214,13 +214,19 @@ GCS_TOKEN_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:gcs-store-
 API_KEYS_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:api-keys-AbCdEf"
 
 
+#: A staged revision's URI as synth renders it in a test (deployed: the weights bucket's token).
+STAGED_URI = "s3://weights-bucket/weights/Qwen/Qwen3.5-9B/main"
+
+
 def render(**settings: Any) -> list[dict[str, Any]]:
     """The RayService's two charts (namespace and what the pods mount, then the RayService) as the
-    stack builds them, with stand-ins for what CloudFormation resolves."""
+    stack builds them, with stand-ins for what CloudFormation resolves (the staged weights' URI
+    under weights_source=s3, the key secret, the GCS store)."""
     config = DeploymentConfig.create(**settings)
     secret = API_KEYS_SECRET_ARN if config.api_keys_on else None
     gcs = GcsFaultToleranceSpec(GCS_STORE_ADDRESS, GCS_TOKEN_ARN) if config.gcs_fault_tolerance else None
-    props = ray_service_props(config, RAY_IMAGE, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs)
+    staged = STAGED_URI if config.weights_source == "s3" else None
+    props = ray_service_props(config, RAY_IMAGE, staged, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs)
     app = cdk8s.App()
     charts = (RayNamespaceChart(app, "RayNamespace", props=props), RayServiceChart(app, "RayService", props=props))
     return [document for chart in charts for document in cdk8s.Testing.synth(chart)]
@@ -233,8 +239,11 @@ def ray_service(**settings: Any) -> dict[str, Any]:
 
 def render_props(change: Any, **settings: Any) -> dict[str, Any]:
     """The RayService of the settings' props as ``change`` (props -> props) makes them: what an
-    account-vending pipeline passes as typed props."""
-    props = change(ray_service_props(DeploymentConfig.create(**settings), RAY_IMAGE))
+    account-vending pipeline passes as typed props. The settings' model is staged (``STAGED_URI``)
+    under weights_source=s3, as ``PdServing`` stages it."""
+    config = DeploymentConfig.create(**settings)
+    staged = STAGED_URI if config.weights_source == "s3" else None
+    props = change(ray_service_props(config, RAY_IMAGE, staged))
     documents = cdk8s.Testing.synth(RayServiceChart(cdk8s.App(), "RayService", props=props))
     (service,) = [d for d in documents if d["kind"] == "RayService"]
     return dict(service)

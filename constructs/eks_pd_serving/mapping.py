@@ -433,16 +433,15 @@ def node_cache_program(config: DeploymentConfig) -> k8s.PodProgram:
     return _pod_program(f"{config.ray_service_name}-node-cache-code", node_cache, NODE_CACHE_CODE)
 
 
-def node_cache_spec(config: DeploymentConfig, image: str, weights_uri: str | None) -> k8s.NodeCacheSpec | None:
-    """The node cache on the GPU workers (``node_cache``); the Hub's cache there too when the
-    engines download from it."""
+def node_cache_spec(config: DeploymentConfig, image: str) -> k8s.NodeCacheSpec | None:
+    """The node cache on the GPU workers (``node_cache``)."""
     if not config.node_cache:
         return None
     return k8s.NodeCacheSpec(
         host_path=node_cache.HOST_PATH,
         mount_path=node_cache.CACHE_PATH,
         compile_key=node_cache.compile_key(image),
-        hub_cache=weights_uri is None,
+        fill_callback=node_cache.callback_class(),
     )
 
 
@@ -489,23 +488,18 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> k8s.ApiKe
 
 def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8s.ServedModel:
     """The settings' one served model: what both engines load (``weights_uri``: the staged revision,
-    ``s3://bucket/prefix``, else the Hugging Face repository), each phase's engine and replicas, the
-    KV transfer and the failover. With the node cache and staged weights, the engines load the node's
-    copy of them."""
-    local = bool(config.node_cache and weights_uri)
+    ``s3://bucket/prefix``, else the Hugging Face repository at ``model_revision``), each phase's
+    engine and replicas, the KV transfer and the failover. Where the engines read the weights (the
+    node cache's folder, the staged copy, the Hub) is derived from ``k8s.Weights`` when rendered."""
     return k8s.ServedModel(
         model=k8s.ModelSpec(
             model_id=config.model_id,
-            model_source=weights_uri or config.model_source,
+            weights=k8s.Weights(config.model_source, config.model_revision, staged_uri=weights_uri or ""),
             max_model_len=config.max_model_len,
             dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
             language_model_only=not config.multimodal,
-            weights=f"{config.model_source}@{config.model_revision}",
-            local_folder=node_cache.weights_folder(config.model_source, config.model_revision) if local else "",
-            fill_callback=node_cache.callback_class() if local else "",
             trust_request_chat_template=config.trust_request_chat_template,
-            revision="" if weights_uri else config.model_revision,
         ),
         prefill=_engine(config, "prefill"),
         decode=_engine(config, "decode"),
@@ -518,6 +512,17 @@ def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8
     )
 
 
+def with_staged_weights(models: Sequence[k8s.ServedModel], staged: k8s.Weights) -> tuple[k8s.ServedModel, ...]:
+    """``models`` with the stack's staged copy (``staged``: the settings' model as staged) given to
+    each model whose weights are the same repository and revision and name no copy of their own."""
+    return tuple(
+        dataclasses.replace(served, model=dataclasses.replace(served.model, weights=staged))
+        if served.model.weights.words == staged.words and not served.model.weights.staged_uri
+        else served
+        for served in models
+    )
+
+
 def ray_service_props(
     config: DeploymentConfig,
     image: str,
@@ -526,7 +531,8 @@ def ray_service_props(
     gcs_fault_tolerance: k8s.GcsFaultToleranceSpec | None = None,
 ) -> k8s.RayServiceProps:
     """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
-    through Ray Serve LLM's S3 mirror; None: the Hugging Face repository itself.
+    from the node cache's copy of it (through Ray Serve LLM's S3 mirror without the node cache);
+    None: the Hugging Face repository itself.
     ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check.
     ``gcs_fault_tolerance``: the GCS store's address and token secret; None: no head fault tolerance."""
     facts = config.model_facts
@@ -554,7 +560,7 @@ def ray_service_props(
         kv_guard_program=kv_guard_program(config),
         kv_guard=kv_guard_spec(config),
         failover_program=failover_program(config),
-        node_cache=node_cache_spec(config, image, weights_uri),
+        node_cache=node_cache_spec(config, image),
         node_cache_program=node_cache_program(config),
         api_keys_hook=api_keys_hook(config),
         gcs_auth=gcs_auth() if gcs_fault_tolerance else None,

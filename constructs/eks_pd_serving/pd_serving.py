@@ -4,6 +4,9 @@ each takes from the settings (``DeploymentConfig``) is decided in ``mapping``.""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 from aws_cdk import Annotations, Stack, Token
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_eks_v2 as eks
@@ -11,7 +14,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from . import mapping, observability
+from . import k8s, mapping, observability
 from ._private import nag
 from ._private.pod_identity import pod_identity_role
 from .capacity_block_end import CapacityBlockEnd, CapacityBlockGroup
@@ -45,11 +48,27 @@ class PdServing(Construct):
         ``DeploymentConfig.from_context(...)``); its fields document their defaults.
     :param vpc: an existing VPC with private subnets (with egress) in two or more AZs.
         Default: a new VPC (10.0.0.0/16, public and private subnets in two AZs, NAT, flow logs).
+    :param models: the served models, each a ``k8s.ServedModel`` (``mapping.served_model(config)`` is
+        the settings' one), behind one ingress that routes by ``model_id``, each with its own phase
+        applications and failover. A model whose ``k8s.Weights`` are the settings' model and
+        revision loads the stack's staged copy (weights_source=s3); any other loads what its
+        ``Weights`` say (the Hub at its revision, or a ``staged_uri`` the Ray workers can read).
+        Every model's GPUs are counted against the worker groups: a deployment that needs more is
+        refused at synth with the numbers. Default: None (the settings' model alone).
     """
 
-    def __init__(self, scope: Construct, id: str, *, config: DeploymentConfig, vpc: ec2.IVpc | None = None) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        config: DeploymentConfig,
+        vpc: ec2.IVpc | None = None,
+        models: Sequence[k8s.ServedModel] | None = None,
+    ) -> None:
         super().__init__(scope, id)
         self.config = config
+        self.models = None if models is None else tuple(models)
         self.plan = plan = mapping.plan(config, brought_vpc=vpc is not None)
         self.region = plan.region
         self._refuse_duplicate_cluster_name()
@@ -136,18 +155,21 @@ class PdServing(Construct):
         self.api_keys = ApiKeys(self, "ApiKeys", secret_arn=plan.api_keys_secret_arn) if plan.api_keys else None
         self.gcs_store = self._gcs_store(plan.gcs_store)
         access = self._grant_ray_pods(plan.identities)
+        props = mapping.ray_service_props(
+            config,
+            plan.image,
+            weights.uri if weights else None,
+            self.api_keys.secret_arn if self.api_keys else None,
+            GcsFaultToleranceSpec(self.gcs_store.address, self.gcs_store.auth_token.secret_arn)
+            if self.gcs_store
+            else None,
+        )
+        if self.models is not None:
+            props = replace(props, models=mapping.with_staged_weights(self.models, props.models[0].model.weights))
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
-            props=mapping.ray_service_props(
-                config,
-                plan.image,
-                weights.uri if weights else None,
-                self.api_keys.secret_arn if self.api_keys else None,
-                GcsFaultToleranceSpec(self.gcs_store.address, self.gcs_store.auth_token.secret_arn)
-                if self.gcs_store
-                else None,
-            ),
+            props=props,
             cluster=self.eks.handle,
             depends_on=[
                 self.kuberay,

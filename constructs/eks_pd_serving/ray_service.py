@@ -14,7 +14,16 @@ from constructs import Construct
 
 from . import rollout
 from ._private.manifests import adopting_manifest
-from .k8s import PodProgram, RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec
+from .config import ConstructError
+from .k8s import (
+    PodProgram,
+    RayNamespaceChart,
+    RayServiceChart,
+    RayServiceProps,
+    RolloutChart,
+    RolloutSpec,
+    gpu_accounting,
+)
 from .k8s.ray_service import ray_service_spec, serve_config_yaml
 from .k8s.rollout import job_spec, spec_digest
 from .k8s.serve_config import build_serve_config
@@ -63,6 +72,8 @@ class RayServiceManifest(Construct):
         serve_step_s: int = SERVE_STEP_S,
     ) -> None:
         super().__init__(scope, id)
+        if short := gpu_accounting.shortfall(props):  # every model counted, not only the settings' one
+            raise ConstructError(self, "GpuShortfall", short)
         self.props = props
         self.namespace_chart = RayNamespaceChart(cdk8s.App(), "RayNamespace", props=props)
         # Once part of the RayService's manifest: an update takes its objects over first.

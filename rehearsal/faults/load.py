@@ -9,6 +9,7 @@ import json
 import re
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,10 +69,15 @@ class Outcome:
         return cls(**{k: v for k, v in event.items() if k in cls.__dataclass_fields__})
 
 
-def stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
-    """One greedy streamed chat request, read to its end or its failure."""
-    body = {
+def stream_body(endpoint: Endpoint, prompt: str) -> dict[str, Any]:
+    """One greedy streamed chat request's body, each a client of its own (a ``user`` of its own): the
+    failover refuses a body identical to one whose engine died for its cooldown (``Poisoned``), which
+    a client's resend is and another client's request is not. (9B decode kill, 2026-12-06: five
+    repeats of the two in-flight bodies within 3.4 s were refused so; the poison fault sends its
+    same body on purpose.)"""
+    return {
         "model": endpoint.model_id,
+        "user": f"rehearsal-{uuid.uuid4().hex[:12]}",
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": MAX_TOKENS,
         "temperature": 0,
@@ -80,6 +86,11 @@ def stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
         "top_logprobs": TOP_LOGPROBS,
         "return_tokens_as_token_ids": True,  # "token_id:<id>": byte tokens share one text
     }
+
+
+def stream(client: httpx.Client, endpoint: Endpoint, prompt: str) -> Outcome:
+    """One greedy streamed chat request, read to its end or its failure."""
+    body = stream_body(endpoint, prompt)
     started, pieces, status, error = time.time(), [], None, None
     tokens: list[list[Any]] = []
     finish, done = None, False

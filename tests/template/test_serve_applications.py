@@ -67,22 +67,24 @@ def test_an_engine_setting_that_changes_the_kv_layout_unpairs_the_phases() -> No
     assert pairs["len"]["pd-prefill"] == pairs["len"]["pd-decode"] != pairs["default"]["pd-decode"]
 
 
-def two_models() -> dict[str, Any]:
-    """The settings' model and a second one, added as typed props (``RayServiceProps.models``)."""
+SMALL_REVISION = "c1899de289a04d12100db370d81485cdf75e47ca"
+
+
+def two_models(staged_uri: str = "") -> dict[str, Any]:
+    """The settings' model (staged, through the node cache: the defaults) and a second one added as
+    typed props (``RayServiceProps.models``), as the construct guide adds it: from the Hub at a
+    pinned revision, or staged at ``staged_uri``."""
     from support import render_props
 
     from eks_pd_serving import k8s
 
     def add(props: k8s.RayServiceProps) -> k8s.RayServiceProps:
         (first,) = props.models
-        second = replace(
-            first,
-            name="small",
-            model=replace(first.model, model_id="qwen3-0.6b", model_source="Qwen/Qwen3-0.6B", weights=""),
-        )
+        weights = k8s.Weights("Qwen/Qwen3-0.6B", SMALL_REVISION, staged_uri=staged_uri)
+        second = replace(first, name="small", model=replace(first.model, model_id="qwen3-0.6b", weights=weights))
         return replace(props, models=(first, second))
 
-    return render_props(add)
+    return render_props(add, gpu_node_count=4)  # a GPU for each phase of each model
 
 
 def test_a_second_model_from_typed_props_gets_its_own_phase_applications_behind_one_ingress() -> None:
@@ -92,6 +94,73 @@ def test_a_second_model_from_typed_props_gets_its_own_phase_applications_behind_
     assert apps["small-decode"]["args"]["prefill"] == {"app": "small-prefill", "deployment": "Prefill:qwen3-0_6b"}
     assert [m["model_id"] for m in apps["pd-openai"]["args"]["models"]] == ["qwen3.5-9b", "qwen3-0.6b"]
     assert apps["small-prefill"]["args"]["pair"] != apps["pd-prefill"]["args"]["pair"]
+
+
+def _weights_view(service: dict[str, Any], app: str) -> dict[str, Any]:
+    llm = applications(service)[app]["args"]["llm_config"]
+    return {
+        "source": llm["model_loading_config"]["model_source"],
+        "revision": llm["engine_kwargs"].get("revision"),
+        "fill": llm.get("callback_config"),
+    }
+
+
+def test_each_models_engines_read_their_own_weights_under_the_defaults() -> None:
+    """The guide's example under the default settings (weights_source=s3, node_cache on): the
+    first model's engines read the node's copy of its staged revision, filled from there; a second
+    model from the Hub reads the Hub at its own pinned revision (no fill); staged, its own folder
+    filled from its own copy. Every path is derived from ``k8s.Weights``, never stored beside it."""
+    from support import STAGED_URI
+
+    from eks_pd_serving.weights import node_cache
+
+    fill = node_cache.callback_class()
+    first = {
+        "source": f"{node_cache.CACHE_PATH}/weights/Qwen--Qwen3.5-9B/main",
+        "revision": None,
+        "fill": {"callback_class": fill, "callback_kwargs": {"source": STAGED_URI}},
+    }
+    hub, staged = two_models(), two_models(staged_uri="s3://weights-bucket/weights/Qwen/Qwen3-0.6B/x")
+    for service in (hub, staged):
+        for phase in ("prefill", "decode"):
+            assert _weights_view(service, f"pd-{phase}") == first
+    for phase in ("prefill", "decode"):
+        assert _weights_view(hub, f"small-{phase}") == {
+            "source": "Qwen/Qwen3-0.6B",
+            "revision": SMALL_REVISION,
+            "fill": None,
+        }
+        assert _weights_view(staged, f"small-{phase}") == {
+            "source": f"{node_cache.CACHE_PATH}/weights/Qwen--Qwen3-0.6B/{SMALL_REVISION}",
+            "revision": None,
+            "fill": {
+                "callback_class": fill,
+                "callback_kwargs": {"source": "s3://weights-bucket/weights/Qwen/Qwen3-0.6B/x"},
+            },
+        }
+    # A model from the Hub keeps Hugging Face's cache on the node's disk; all staged, none.
+    envs = [
+        {
+            e["name"]
+            for g in s["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+            for e in g["template"]["spec"]["containers"][0]["env"]
+        }
+        for s in (hub, staged)
+    ]
+    assert "HF_HUB_CACHE" in envs[0] and "HF_HUB_CACHE" not in envs[1]
+
+
+def test_two_models_may_not_share_a_model_id() -> None:
+    from eks_pd_serving import k8s
+
+    with pytest.raises(ValueError, match=r"each model_id must be unique \(the ingress routes by it\)"):
+        from support import render_props
+
+        render_props(
+            lambda props: replace(props, models=(props.models[0], replace(props.models[0], name="again"))),
+            gpu_node_count=4,
+        )
+    assert k8s.Weights("a/b", "r").words == "a/b@r"
 
 
 @pytest.mark.ray

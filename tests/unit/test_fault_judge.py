@@ -408,3 +408,15 @@ def test_the_verdict_reads_each_faults_key_not_its_title() -> None:
     assert [fault_key(t) for t in ("decode replica killed", "KV link cut", REPLACED, "GCS killed (no fault tolerance)",
                                    f"{UPDATES['both']} changed, serve config redeployed")] == [
         "decode", "kv", "replace", "gcs", "update:both"]  # fmt: skip
+
+
+def test_each_request_of_the_load_is_a_client_of_its_own() -> None:
+    """The failover refuses a body identical to one whose engine died, for its cooldown: the load's
+    requests differ by ``user`` alone (which the ingress allows), so only a resend is refused so."""
+    from rehearsal.faults.load import stream_body
+    from rehearsal.probes import Endpoint
+
+    endpoint = Endpoint("http://127.0.0.1:1", "m", "http://127.0.0.1:1/metrics")
+    first, second = stream_body(endpoint, "p"), stream_body(endpoint, "p")
+    assert first["user"] != second["user"]
+    assert {k: v for k, v in first.items() if k != "user"} == {k: v for k, v in second.items() if k != "user"}

@@ -97,6 +97,25 @@ def test_the_9b_replica_start_on_the_gpu_with_the_fill_in_the_replica() -> None:
     }
 
 
+def test_the_9b_decode_killed_and_changed_on_a_warm_node_split_from_their_faults() -> None:
+    # 2026-12-06 (second lease), one H100, the 9B from the node cache, Triton's cache warm: a decode
+    # replica killed (Serve saw the crash) and, in a run of its own, a decode setting changed
+    # (Serve saw the new version). The same chain of four process starts in both.
+    killed = by_replica(captured("2026-12-06/start-split/9b-decode-kill-full"))["b2o4ogcw"]
+    changed = by_replica(captured("2026-12-06/start-split/9b-decode-update"))["en4rcw6g"]
+    assert killed.parts() == {
+        "serve_saw": 0.0, "actor": 19.5, "node_init": 1.1, "engine_config": 21.6, "engine_process": 17.9,
+        "executor_worker": 20.0, "weights": 2.447593, "engine_init": 3.48, "to_running": 5.4, "total": 91.4,
+    }  # fmt: skip
+    assert changed.parts() == {
+        "serve_saw": 0.1, "actor": 21.6, "node_init": 0.9, "engine_config": 18.5, "engine_process": 15.8,
+        "executor_worker": 19.0, "weights": 2.188923, "engine_init": 3.3, "to_running": 5.7, "total": 87.1,
+    }  # fmt: skip
+    # The first prefill of the first run, Triton's cache empty: the engine init compiles (82.5 s).
+    cold = by_replica(captured("2026-12-06/start-split/9b-decode-kill-full"))["5yg5lmso"]
+    assert (cold.parts()["engine_init"], cold.parts()["total"]) == (82.49, 188.7)
+
+
 @pytest.mark.parametrize(
     ("drop", "missing"),
     [

@@ -1,5 +1,6 @@
 """cdk8s charts that take plain typed props and know nothing of CloudFormation or of the features
 (the pods' programs arrive as data): the props (``specs``), the serve config (``serve_config``), the
+GPUs every served model needs against the worker groups (``gpu_accounting``), the
 RayService and its namespace (``ray_service``), the rollout Jobs (``rollout``), the network policies
 and endpoint Service (``network``) and the names ``verify`` looks for (``names``)."""
 
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
         RayServiceProps,
         ReplicaAutoscaling,
         ServedModel,
+        Weights,
         WorkerGroupSpec,
     )
 
@@ -67,6 +69,7 @@ _MODULES = {
     "ServedModel": "specs",
     "ServingNetworkChart": "network",
     "ServingNetworkProps": "network",
+    "Weights": "specs",
     "WorkerGroupSpec": "specs",
     "build_pd_serving_args": "serve_config",
     "build_serve_config": "serve_config",
@@ -105,6 +108,7 @@ __all__ = [
     "ServedModel",
     "ServingNetworkChart",
     "ServingNetworkProps",
+    "Weights",
     "WorkerGroupSpec",
     "build_pd_serving_args",
     "build_serve_config",

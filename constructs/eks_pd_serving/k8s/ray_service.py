@@ -12,6 +12,7 @@ import cdk8s
 import cdk8s_plus_35 as kplus
 from constructs import Construct
 
+from . import gpu_accounting
 from .serve_config import build_serve_config, to_yaml
 from .specs import (
     DASHBOARD_PORT,
@@ -170,10 +171,12 @@ def _annotated(pod: dict[str, Any], key: str, digest: str) -> dict[str, Any]:
 
 
 def serve_config_yaml(props: RayServiceProps) -> str:
-    return to_yaml(build_serve_config(props.models))
+    return to_yaml(build_serve_config(props.models, props.node_cache))
 
 
 def ray_service_spec(props: RayServiceProps) -> dict[str, Any]:
+    if short := gpu_accounting.shortfall(props):
+        raise ValueError(short)
     cluster: dict[str, Any] = {"rayVersion": props.ray_version}
     if props.gcs_fault_tolerance:
         if props.gcs_auth is None:
@@ -320,7 +323,7 @@ def _worker_group(props: RayServiceProps, group: WorkerGroupSpec) -> dict[str, A
         env.extend(_region_env(props.aws_region))
     guard, failover = props.kv_guard_program, props.failover_program
     cache = props.node_cache
-    env.extend(_node_cache_env(cache))
+    env.extend(_node_cache_env(cache, any(not served.model.weights.staged_uri for served in props.models)))
     cache_program = props.node_cache_program if cache else None
     if cache is not None and cache_program is None:
         raise ValueError("RayServiceProps.node_cache needs node_cache_program (the fill's code)")
@@ -390,7 +393,7 @@ def worker_security(privileged: bool) -> dict[str, Any]:
     return {"privileged": True} if privileged else dict(WORKER_SECURITY)
 
 
-def _node_cache_env(cache: NodeCacheSpec | None) -> list[dict[str, Any]]:
+def _node_cache_env(cache: NodeCacheSpec | None, from_hub: bool) -> list[dict[str, Any]]:
     """The compile caches on the node's disk, in a folder of the image's key: vLLM's torch.compile
     artifacts, TorchInductor's kernels, Triton's (each keyed inside by the engine's settings and the
     kernels' source, so a settings change never reads a stale entry)."""
@@ -402,7 +405,7 @@ def _node_cache_env(cache: NodeCacheSpec | None) -> list[dict[str, Any]]:
         {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{compiled}/inductor"},
         {"name": "TRITON_CACHE_DIR", "value": f"{compiled}/triton"},
     ]
-    if cache.hub_cache:
+    if from_hub:  # a model downloads from the Hub: Hugging Face's cache on the node's disk too
         env.append({"name": "HF_HUB_CACHE", "value": f"{cache.mount_path}/huggingface"})
     return env
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec, ServedModel
+from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec, NodeCacheSpec, ServedModel, Weights
 
 APP_NAME = "pd-openai"
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
@@ -104,13 +104,30 @@ def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
     return config
 
 
+def engine_source(weights: Weights, node_cache: NodeCacheSpec | None) -> str:
+    """What an engine reads its weights from: the node's folder of a staged copy (with the node
+    cache), the staged copy itself (Ray's S3 mirror), or the Hub's repository."""
+    if weights.staged_uri and node_cache:
+        return node_cache.weights_folder(weights)
+    return weights.staged_uri or weights.repository
+
+
 def build_llm_config(
-    phase: str, model: ModelSpec, engine: EngineSpec, kv: KvTransferSpec, *, replicas_in_args: bool = True
+    phase: str,
+    model: ModelSpec,
+    engine: EngineSpec,
+    kv: KvTransferSpec,
+    node_cache: NodeCacheSpec | None = None,
+    *,
+    replicas_in_args: bool = True,
 ) -> dict[str, Any]:
-    """One side's Ray Serve ``LLMConfig`` as a plain dict. ``replicas_in_args``: its replicas and
-    timing inside it (Ray's own builder); False: left to the application's overrides."""
+    """One side's Ray Serve ``LLMConfig`` as a plain dict, its weights' paths derived here
+    (``engine_source``). ``replicas_in_args``: its replicas and timing inside it (Ray's own
+    builder); False: left to the application's overrides."""
+    weights = model.weights
+    from_hub = not weights.staged_uri
     config: dict[str, Any] = {
-        "model_loading_config": {"model_id": model.model_id, "model_source": model.local_folder or model.model_source},
+        "model_loading_config": {"model_id": model.model_id, "model_source": engine_source(weights, node_cache)},
         "deployment_config": deployment_config(engine) if replicas_in_args else {},
         "engine_kwargs": {
             "max_model_len": model.max_model_len,
@@ -123,16 +140,16 @@ def build_llm_config(
             **({"language_model_only": True} if model.language_model_only else {}),
             **({"trust_request_chat_template": True} if model.trust_request_chat_template else {}),
             # The Hub's revision, pinned: without it both engines load the default branch at their own start.
-            **({"revision": model.revision} if model.revision else {}),
+            **({"revision": weights.revision} if from_hub and weights.revision else {}),
             "tensor_parallel_size": engine.tensor_parallel_size,
             "kv_transfer_config": _kv_transfer_config(phase, kv),
         },
     }
-    if model.local_folder:
+    if weights.staged_uri and node_cache:
         # Ray runs it on each node of the replica's placement group before the engine reads the folder.
         config["callback_config"] = {
-            "callback_class": model.fill_callback,
-            "callback_kwargs": {"source": model.model_source},
+            "callback_class": node_cache.fill_callback,
+            "callback_kwargs": {"source": weights.staged_uri},
         }
     config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": NIXL_PORT_BASES[phase]}
     if engine.placement_resource:
@@ -143,12 +160,16 @@ def build_llm_config(
 
 
 def build_pd_serving_args(
-    model: ModelSpec, prefill: EngineSpec, decode: EngineSpec, kv: KvTransferSpec
+    model: ModelSpec,
+    prefill: EngineSpec,
+    decode: EngineSpec,
+    kv: KvTransferSpec,
+    node_cache: NodeCacheSpec | None = None,
 ) -> dict[str, Any]:
     """The ``args`` of ``build_pd_openai_app`` (Ray's ``PDServingArgs``)."""
     return {
-        "prefill_config": build_llm_config("prefill", model, prefill, kv),
-        "decode_config": build_llm_config("decode", model, decode, kv),
+        "prefill_config": build_llm_config("prefill", model, prefill, kv, node_cache),
+        "decode_config": build_llm_config("decode", model, decode, kv, node_cache),
     }
 
 
@@ -164,11 +185,17 @@ def app_name(served: ServedModel, phase: str) -> str:
 def pair_key(model: ModelSpec, kv: KvTransferSpec, engine: EngineSpec) -> str:
     """What a phase's KV must agree on with the other's (model, weights, length, dtype, transfer,
     weight format), as a digest: prefill refuses a decode whose key differs (one phase updated
-    before the other), so engines of different models or KV layouts are never paired."""
-    fields = {**asdict(model), "model_source": model.weights or model.model_source}
-    fields.pop("trust_request_chat_template")  # what the front end accepts, not what the KV holds
-    fields.pop("revision")  # in ``weights`` already (model@revision)
-    agreed = {"model": fields, "kv": asdict(kv), "quantization": engine.quantization}
+    before the other), so engines of different models or KV layouts are never paired. The weights
+    by their words (repository@revision): where they are read from is no part of the KV."""
+    agreed_model = {
+        "model_id": model.model_id,
+        "weights": model.weights.words,
+        "max_model_len": model.max_model_len,
+        "dtype": model.dtype,
+        "gpu_memory_utilization": model.gpu_memory_utilization,
+        "language_model_only": model.language_model_only,
+    }
+    agreed = {"model": agreed_model, "kv": asdict(kv), "quantization": engine.quantization}
     return hashlib.sha256(json.dumps(agreed, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -180,11 +207,13 @@ def _failover_settings(failover: FailoverSpec) -> dict[str, Any]:
     }
 
 
-def _phase_app(served: ServedModel, phase: str, failover: FailoverSpec) -> dict[str, Any]:
+def _phase_app(
+    served: ServedModel, phase: str, failover: FailoverSpec, node_cache: NodeCacheSpec | None
+) -> dict[str, Any]:
     engine = served.prefill if phase == "prefill" else served.decode
     model, kv = served.model, served.kv
     args: dict[str, Any] = {
-        "llm_config": build_llm_config(phase, model, engine, kv, replicas_in_args=False),
+        "llm_config": build_llm_config(phase, model, engine, kv, node_cache, replicas_in_args=False),
         "pair": pair_key(model, kv, engine),
     }
     if failover.covered:
@@ -232,26 +261,30 @@ def _ingress_app(models: Sequence[ServedModel], failover: FailoverSpec) -> dict[
     }
 
 
-def build_serve_config(models: Sequence[ServedModel]) -> dict[str, Any]:
+def build_serve_config(models: Sequence[ServedModel], node_cache: NodeCacheSpec | None = None) -> dict[str, Any]:
     """The whole Serve config. Models with failover: each phase its own application (every prefill,
     every decode, the order a change is rolled in: ``rollout.rollout_steps``), and one ingress on ``/``
     (the first model's failover settings).
-    Without: Ray's ``build_pd_openai_app``, one application on ``/`` (one model only)."""
+    Without: Ray's ``build_pd_openai_app``, one application on ``/`` (one model only).
+    ``node_cache``: the GPU workers' node cache, from which a staged model's engines read."""
     if not models:
         raise ValueError("RayServiceProps.models: at least one served model")
     names = [served.name for served in models]
     if len(set(names)) != len(names):
         raise ValueError(f"RayServiceProps.models: each model's name must be unique, got {names}")
+    ids = [served.model.model_id for served in models]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"RayServiceProps.models: each model_id must be unique (the ingress routes by it), got {ids}")
     failover = models[0].failover
     if failover is None:
         if len(models) > 1:
             raise ValueError("RayServiceProps.models: several models need the failover (Ray's builder serves one)")
         served = models[0]
-        args = build_pd_serving_args(served.model, served.prefill, served.decode, served.kv)
+        args = build_pd_serving_args(served.model, served.prefill, served.decode, served.kv, node_cache)
         return {"applications": [{"name": APP_NAME, "import_path": IMPORT_PATH, "route_prefix": "/", "args": args}]}
     if any(served.failover is None for served in models):
         raise ValueError("RayServiceProps.models: give every model the failover, or serve one model without it")
-    phases = [_phase_app(served, phase, failover) for phase in PHASES for served in models]
+    phases = [_phase_app(served, phase, failover, node_cache) for phase in PHASES for served in models]
     return {"applications": [*phases, _ingress_app(models, failover)]}
 
 

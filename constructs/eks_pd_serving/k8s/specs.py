@@ -12,28 +12,38 @@ DASHBOARD_PORT = 8265
 
 
 @dataclass(frozen=True)
+class Weights:
+    """Where a model's weights come from. Every path an engine reads is derived from this when the
+    serve config is rendered (``serve_config.engine_source``), never stored beside it: with a staged
+    copy and the node cache, the node's folder for this repository and revision, filled from
+    ``staged_uri``; a staged copy alone, ``staged_uri``; else the Hub's ``repository`` at
+    ``revision``."""
+
+    #: The Hugging Face repository (``Qwen/Qwen3.5-9B``).
+    repository: str
+    #: The revision served: a commit hash pins it (a branch moves).
+    revision: str
+    #: ``s3://bucket/prefix`` of this revision's staged snapshot (``ModelWeights.uri``; may be a
+    #: deploy-time token). Default: "" (the engines download from the Hub at their start).
+    staged_uri: str = ""
+
+    @property
+    def words(self) -> str:
+        """What the weights are, with no deploy-time token in it: the phases' pair key digests this."""
+        return f"{self.repository}@{self.revision}"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """What both engines serve."""
 
     model_id: str
-    model_source: str
+    weights: Weights
     max_model_len: int
     dtype: str
     gpu_memory_utilization: float
     # Text only: vLLM skips the vision tower (and its memory profiling) of a multimodal model.
     language_model_only: bool = False
-    #: What the weights are, in words that never hold a deploy-time token (``model_source`` may: a
-    #: bucket's name): the phases' pair key digests this instead. Default: "" (``model_source``).
-    weights: str = ""
-    #: A folder of the node cache the engines load from, filled from ``model_source`` (an s3://
-    #: URI) by ``fill_callback`` (Ray's ``LLMConfig.callback_config``) before each engine start.
-    #: Default: "" (the engines load ``model_source`` itself).
-    local_folder: str = ""
-    #: The callback's import path; required with ``local_folder``.
-    fill_callback: str = ""
-    #: The Hub revision both engines load (vLLM's ``revision``) when ``model_source`` is a Hugging Face
-    #: repository. Default: "" (a staged copy or a folder, which holds one revision already).
-    revision: str = ""
     #: Both engines run a request's own chat template (vLLM's ``trust_request_chat_template``) and
     #: the ingress lets it through. Default: False (refused with HTTP 400 at the ingress).
     trust_request_chat_template: bool = False
@@ -98,16 +108,20 @@ class PodProgram:
 @dataclass(frozen=True)
 class NodeCacheSpec:
     """The GPU node's disk for what an engine start would otherwise fetch or build again, mounted on
-    every GPU worker: the models' ``local_folder`` copies (``RayServiceProps.node_cache_program``
-    fills them) and vLLM's, TorchInductor's and Triton's compile caches under ``compile_key`` (the
-    image's digest)."""
+    every GPU worker: each staged model's copy (``weights_folder``, filled before each engine start
+    by ``fill_callback``, Ray's ``LLMConfig.callback_config``, from the staged snapshot) and vLLM's,
+    TorchInductor's and Triton's compile caches under ``compile_key`` (the image's repository and
+    tag). Hugging Face's cache is there too whenever a model downloads from the Hub."""
 
     host_path: str
     mount_path: str
     compile_key: str
-    #: Hugging Face's cache there too (the engines download from the Hub: weights_source=huggingface).
-    #: Default: False.
-    hub_cache: bool = False
+    #: The fill's import path (``module:Class``), shipped as ``RayServiceProps.node_cache_program``.
+    fill_callback: str
+
+    def weights_folder(self, weights: Weights) -> str:
+        """Where a node keeps one revision of a model (no deploy-time token in it)."""
+        return f"{self.mount_path}/weights/{weights.repository.replace('/', '--')}/{weights.revision}"
 
 
 @dataclass(frozen=True)

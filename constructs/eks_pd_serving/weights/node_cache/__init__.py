@@ -29,11 +29,6 @@ def callback_class() -> str:
     return str(_CODE.constant("CALLBACK_CLASS"))
 
 
-def weights_folder(model_source: str, revision: str) -> str:
-    """Where a node keeps one revision of a model (no deploy-time token in it)."""
-    return f"{CACHE_PATH}/weights/{model_source.replace('/', '--')}/{revision}"
-
-
 def compile_key(image: str) -> str:
     """The compile caches' folder key: a new image (vLLM, torch, Triton) never reads an old
     kernel; vLLM and Triton key their entries by the engine's settings and the kernels' source.
@@ -52,5 +47,4 @@ __all__ = [
     "compile_key",
     "source",
     "source_digest",
-    "weights_folder",
 ]
