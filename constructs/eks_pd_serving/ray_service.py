@@ -79,16 +79,17 @@ class RayServiceManifest(Construct):
         # Once part of the RayService's manifest: an update takes its objects over first.
         self.namespace_manifest = adopting_manifest(cluster, f"{id}NamespaceChart", self.namespace_chart)
         self.rollout: RolloutSpec | None = None
-        annotations = None
+        # The digest of the template's own cluster config (tokens as CloudFormation has them), on the
+        # RayService wherever this deploy rebuilds the cluster (the rollout Job's, or KubeRay's new
+        # cluster): the serve rollout reads it there (below). Under manual nothing rebuilds it.
+        resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
+        self.cluster_digest = rollout.cluster_config_digest(resolved)
+        rebuilds = converge or props.upgrade_strategy == "NewCluster"
+        annotations = {rollout.digest_annotation(): self.cluster_digest} if rebuilds else None
         if converge:
-            # The digest of the template's own cluster config (tokens as CloudFormation has them).
-            resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
-            spec = _rollout_spec(
-                props, rollout.cluster_config_digest(resolved), rollout.worker_bounds(resolved), rollout_deadline_s
-            )
+            spec = _rollout_spec(props, self.cluster_digest, rollout.worker_bounds(resolved), rollout_deadline_s)
             # The Job's name carries a digest of its whole spec as the template holds it.
             self.rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
-            annotations = {rollout.digest_annotation(): self.rollout.digest}
         self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         self.manifest.node.add_dependency(self.namespace_manifest)
@@ -101,8 +102,10 @@ class RayServiceManifest(Construct):
             text = serve_config_yaml(props)
             digest = hashlib.sha256(json.dumps(Stack.of(self).resolve(text), sort_keys=True).encode()).hexdigest()
             spec = _serve_rollout_spec(props, text, digest, serve_step_s, serve_step_s * applications)
-            if self.rollout is not None:  # a cluster rebuilt by the same deploy takes the serve config along
-                spec = replace(spec, code={**spec.code, rollout.digest_annotation(): self.rollout.digest})
+            if rebuilds:
+                # A changed cluster config is rebuilt by this deploy: the serve config then goes along
+                # with the RayService, not onto the old cluster. Under manual it rolls onto the running one.
+                spec = replace(spec, code={**spec.code, rollout.digest_annotation(): self.cluster_digest})
             self.serve_rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
             serve_manifest = cluster.add_cdk8s_chart(
                 f"{id}ServeRollout", RolloutChart(cdk8s.App(), "ServeRollout", spec=self.serve_rollout)

@@ -199,8 +199,9 @@ def test_the_jobs_name_covers_its_whole_pod_template() -> None:
 def test_manual_and_new_cluster_have_no_job(strategy: str) -> None:
     extra = {"system_node_count": 2} if strategy == "NewCluster" else {}
     template = synthesized(ray_upgrade_strategy=strategy, **extra)
-    assert objects(template, "Job") == [] and digest(template) is None
-    assert _waits(template) == []
+    assert objects(template, "Job") == [] and _waits(template) == []
+    # The digest only where this deploy rebuilds the cluster: KubeRay's new cluster (the serve rollout reads it).
+    assert (digest(template) is not None) is (strategy == "NewCluster")
     (service,) = objects(template, "RayService")
     assert service["spec"]["upgradeStrategy"] == {"type": "NewCluster" if strategy == "NewCluster" else "None"}
 
@@ -273,3 +274,24 @@ def test_the_serve_rollout_job_runs_before_the_ray_service_with_rights_on_it_alo
 def test_without_the_failover_there_is_no_serve_rollout() -> None:
     template = synthesized(pd_failover=False)
     assert objects(template, "Job", serve=True) == [] and _waits(template, serve=True) == []
+
+
+@pytest.mark.parametrize(("strategy", "told"), [("recreate", True), ("NewCluster", True), ("manual", False)])
+def test_the_serve_rollout_knows_of_a_cluster_change_where_the_deploy_rebuilds_the_cluster(
+    strategy: str, told: bool
+) -> None:
+    """Wherever this deploy rebuilds the cluster (the rollout Job, or KubeRay's new cluster), the
+    RayService carries its cluster config's digest and the serve rollout Job compares it (its ``code``
+    env), stepping aside when it changed: the serve config goes with the cluster, not onto the old one
+    one application at a time. Under manual nothing rebuilds it, so the serve config rolls onto the
+    running cluster."""
+    settings: dict[str, Any] = {"ray_upgrade_strategy": strategy}
+    if strategy == "NewCluster":
+        settings["system_node_count"] = 2  # the second head's room
+    template = synthesized(**settings)
+    cluster_digest = digest(template)
+    (job,) = objects(template, "Job", serve=True)
+    code = json.loads(str(_env(job)[rollout.env_names()["code"]]))
+    assert (ANNOTATION in code) is told and (cluster_digest is not None) is told
+    if told:
+        assert code[ANNOTATION] == cluster_digest and len(cluster_digest or "") == 16

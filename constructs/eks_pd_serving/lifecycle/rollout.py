@@ -149,8 +149,10 @@ def serve_lines(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
 
 
 def converges(ray_service: Mapping[str, Any]) -> bool:
-    """Whether the stack's rollout Job converges this RayService (``recreate``)."""
-    return digest_annotation() in ((ray_service.get("metadata") or {}).get("annotations") or {})
+    """Whether the stack's rollout Job converges this RayService (``recreate``: the cluster digest
+    under KubeRay's None; NewCluster carries the digest too, for the serve rollout)."""
+    strategy = (((ray_service.get("spec") or {}).get("upgradeStrategy") or {}).get("type")) or "None"
+    return strategy == "None" and digest_annotation() in ((ray_service.get("metadata") or {}).get("annotations") or {})
 
 
 def _digest(ray_service: Mapping[str, Any]) -> str | None:
