@@ -74,6 +74,8 @@ class RayServiceManifest(Construct):
         super().__init__(scope, id)
         if short := gpu_accounting.shortfall(props):  # every model counted, not only the settings' one
             raise ConstructError(self, "GpuShortfall", short)
+        # The rollout Jobs' program, once, with the namespace (applied before either Job, deleted after).
+        props = props if props.rollout_program else replace(props, rollout_program=rollout_program(props.name))
         self.props = props
         self.namespace_chart = RayNamespaceChart(cdk8s.App(), "RayNamespace", props=props)
         # Once part of the RayService's manifest: an update takes its objects over first.
@@ -178,7 +180,7 @@ def _serve_rollout_spec(
     program = props.failover_program
     code = {program.annotation: program.digest} if program is not None else {}
     return replace(
-        _rollout_spec(props, digest, {}, deadline_s, code_map=f"{props.name}-serve-rollout-code"),
+        _rollout_spec(props, digest, {}, deadline_s),
         mode="serve",
         serve_config=serve_config,
         step_s=step_s,
@@ -186,24 +188,31 @@ def _serve_rollout_spec(
     )
 
 
+def rollout_program(name: str) -> PodProgram:
+    """The rollout Jobs' program (``rollout/eks_pd_rollout.py``) as the namespace chart ships it."""
+    return PodProgram(
+        config_map=f"{name}-rollout-program",
+        file_name=rollout.FILE_NAME,
+        source=rollout.source(),
+        digest=rollout.source_digest(),
+        mount_path=rollout.MOUNT_PATH,
+        annotation="eks-pd.io/rollout-code",
+    )
+
+
 def _rollout_spec(
-    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int, code_map: str = ""
+    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int
 ) -> RolloutSpec:
-    """A rollout Job's spec; ``code_map``: its program's ConfigMap (each rollout Job its own, as both
-    can run at once). Default: ``<name>-rollout-code``."""
+    """A rollout Job's spec, its program the one ``props`` ships (both Jobs read the same ConfigMap:
+    a Job's pod reads it once, at its start)."""
     names = rollout.env_names()
+    program = props.rollout_program or rollout_program(props.name)
     return RolloutSpec(
         ray_service=props.name,
         namespace=props.namespace,
         digest=digest,
-        program=PodProgram(
-            config_map=code_map or f"{props.name}-rollout-code",
-            file_name=rollout.FILE_NAME,
-            source=rollout.source(),
-            digest=rollout.source_digest(),
-            mount_path=rollout.MOUNT_PATH,
-            annotation="eks-pd.io/rollout-code",
-        ),
+        program=program,
+        ships_program=props.rollout_program is None,
         env_names=names,
         image=props.image,
         node_selector=props.system_node_selector,

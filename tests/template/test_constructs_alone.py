@@ -101,7 +101,7 @@ def test_the_ray_service_and_the_capacity_check_from_their_own_props() -> None:
         hybrid_model=False,
         system_node_selector={"role": "system"},
     )
-    RayServiceManifest(stack, "RayService", props=props, cluster=eks.cluster)
+    RayServiceManifest(stack, "RayService", props=props, cluster=eks.handle)
     GpuCapacityCheck(
         stack,
         "Capacity",

@@ -80,8 +80,21 @@ def test_the_default_converges_a_cluster_config_change_inside_the_deploy() -> No
     assert env[names["job"]] == {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/job-name']"}}
     assert job["spec"]["backoffLimit"] == 0
     assert job["spec"]["activeDeadlineSeconds"] == deadline + rollout.POD_START_S
-    (code,) = [c for c in objects(template, "ConfigMap") if c["metadata"]["name"] == "ray-llm-rollout-code"]
-    assert code["data"] == {rollout.FILE_NAME: rollout.source()}
+    # The program, once for both rollout Jobs, with the namespace (applied before either, deleted after).
+    programs = [
+        c for c in kubernetes_objects(template) if c["kind"] == "ConfigMap" and "rollout" in c["metadata"]["name"]
+    ]
+    assert [(c["metadata"]["name"], c["data"]) for c in programs] == [
+        ("ray-llm-rollout-program", {rollout.FILE_NAME: rollout.source()})
+    ]
+    (serve_job,) = objects(template, "Job", serve=True)
+    for each in (job, serve_job):
+        assert each["spec"]["template"]["spec"]["volumes"] == [
+            {"name": "code", "configMap": {"name": "ray-llm-rollout-program"}}
+        ]
+    # The template holds its text once (CDK's validation time follows the template's size).
+    assert "def rollout_steps(current" in rollout.source()
+    assert json.dumps(template).count("def rollout_steps(current") == 1
     # The deploy waits for the Job by name: its start, then its success, each within the kubectl
     # handler's 15 minutes.
     waits = _waits(template)

@@ -47,10 +47,11 @@ POD_SECURITY_LABELS = {
 
 
 class RayNamespaceChart(cdk8s.Chart):
-    """What the Ray pods run in and mount: the namespace, the service accounts and the key
-    check's code. A manifest of its own, deleted after the RayService's: KubeRay's Redis cleanup
-    Job (behind the RayCluster's finalizer) is created in this namespace, as the head's service
-    account, while the RayService is deleted, and a terminating namespace admits no new pod.
+    """What the Ray pods run in and mount: the namespace, the service accounts and the pods' code
+    (the key check's, the KV guard's, the failover's, the node cache's, the rollout Jobs'). A
+    manifest of its own, deleted after the RayService's: KubeRay's Redis cleanup Job (behind the
+    RayCluster's finalizer) is created in this namespace, as the head's service account, while the
+    RayService is deleted, and a terminating namespace admits no new pod.
 
     The key check's ConfigMap is applied whether keys are on or off: a RayCluster built with keys
     mounts it as a non-optional volume, and under ``ray_upgrade_strategy=None`` turning keys off does
@@ -84,6 +85,7 @@ class RayNamespaceChart(cdk8s.Chart):
             ("KvGuardCode", props.kv_guard_program),
             ("FailoverCode", props.failover_program),
             ("NodeCacheCode", props.node_cache_program),
+            ("RolloutCode", props.rollout_program),
         ):
             if program is not None:
                 kplus.ConfigMap(

@@ -62,6 +62,9 @@ class RolloutSpec:
     serve_config: str = ""
     step_s: int = 0
     code: Mapping[str, str] = field(default_factory=dict)
+    #: The chart ships ``program``'s ConfigMap; False: it is shipped elsewhere, once for every rollout
+    #: Job (``RayServiceProps.rollout_program``, with the namespace chart). Default: True.
+    ships_program: bool = True
 
     @property
     def _part(self) -> str:
@@ -120,10 +123,11 @@ class RolloutChart(cdk8s.Chart):
             ),
         )
         program = spec.program
-        cdk8s.ApiObject(
-            self, "Code", api_version="v1", kind="ConfigMap",
-            metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=namespace),
-        ).add_json_patch(cdk8s.JsonPatch.add("/data", {program.file_name: program.source}))  # fmt: skip
+        if spec.ships_program:
+            cdk8s.ApiObject(
+                self, "Code", api_version="v1", kind="ConfigMap",
+                metadata=cdk8s.ApiObjectMetadata(name=program.config_map, namespace=namespace),
+            ).add_json_patch(cdk8s.JsonPatch.add("/data", {program.file_name: program.source}))  # fmt: skip
         job = cdk8s.ApiObject(
             self, "Job", api_version="batch/v1", kind="Job",
             metadata=cdk8s.ApiObjectMetadata(name=spec.job_name, namespace=namespace),

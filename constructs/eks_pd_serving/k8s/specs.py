@@ -347,6 +347,9 @@ class RayServiceProps:
     # The node cache's code, applied whether the cache is on or off (as the failover's): pods of a
     # RayCluster built with it mount it until that cluster is rebuilt. Required with ``node_cache``.
     node_cache_program: PodProgram | None = None
+    # The rollout Jobs' program (the cluster's and the serve config's share it), shipped once with
+    # the namespace chart; None: each rollout chart ships its own (``RolloutSpec.ships_program``).
+    rollout_program: PodProgram | None = None
 
     @property
     def serve_service_name(self) -> str:
