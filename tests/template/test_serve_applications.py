@@ -181,3 +181,38 @@ def test_ray_accepts_each_phase_and_each_models_pair(tmp_path: Path) -> None:
     manifest.write_text(json.dumps(broken))
     ran = subprocess.run([str(RAY_PYTHON), str(tool), str(manifest)], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 1 and "its pair key" in ran.stderr
+
+
+def dashboard(service: dict[str, Any], nodes: dict[str, str]) -> dict[str, Any]:
+    """What Ray's dashboard answers on /api/serve/applications/ for a serve config that serves
+    (Ray 2.58's ``schema.ApplicationDetails``: status, ``deployed_app_config``, each deployment's
+    status and replicas with their ``node_ip``); ``nodes``: each phase application's node IP."""
+    found = {}
+    for name, app in applications(service).items():
+        deployments = {
+            d["name"]: {"status": "HEALTHY", "replicas": [{"node_ip": nodes.get(name, "10.0.0.9"), "state": "RUNNING"}]}
+            for d in app.get("deployments") or []
+        }
+        found[name] = {"name": name, "status": "RUNNING", "deployed_app_config": app, "deployments": deployments}
+    return {"applications": found}
+
+
+def test_verify_checks_each_models_pair_by_its_applications() -> None:
+    from eks_pd_serving.cli import verify
+
+    service = two_models()
+    ips = {"pd-prefill": "10.0.0.1", "pd-decode": "10.0.0.2", "small-prefill": "10.0.0.3", "small-decode": "10.0.0.4"}
+    pods = {ip: f"node-{ip[-1]}" for ip in ips.values()}
+    checks = verify.check_served_models(dashboard(service, ips), pods)
+    assert [(c.name, c.passed, c.detail) for c in checks] == [
+        ("model qwen3.5-9b", True, "prefill on ['node-1'], decode on ['node-2']"),
+        ("model qwen3-0.6b", True, "prefill on ['node-3'], decode on ['node-4']"),
+    ]
+    # One model's decode on its prefill's node, its other phase failed, and its pair keys apart.
+    broken = dashboard(service, {**ips, "small-decode": "10.0.0.3"})
+    broken["applications"]["small-prefill"]["status"] = "DEPLOY_FAILED"
+    broken["applications"]["small-decode"]["deployed_app_config"]["args"]["pair"] = "0000"
+    first, second = verify.check_served_models(broken, pods)
+    assert first.passed and not second.passed
+    assert second.detail.startswith("small-prefill DEPLOY_FAILED; pair keys differ (prefill ")
+    assert second.detail.endswith("; prefill and decode both on ['node-3']")

@@ -439,6 +439,8 @@ def test_verify_passes_on_the_designed_layout(api: Any) -> None:
     assert [c.detail for c in pod_checks if c.name.startswith("NIXL")] == [verify.LIBFABRIC] * 2
     apps = json.loads((FIXTURES / "serve-applications.json").read_text())
     assert verify.check_replica_placement(apps, pod_nodes).passed
+    # Ray's one application (no failover) names no model's applications: the placement check alone.
+    assert [c.name for c in verify.check_served_models(apps, pod_nodes)] == ["replica placement"]
 
 
 def test_verify_reads_each_workers_log_once_for_nixl_and_the_cold_start(api: Any) -> None:

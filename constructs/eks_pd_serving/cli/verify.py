@@ -6,7 +6,8 @@
 - with gcs_fault_tolerance: the head runs with it (KubeRay's ray.io/ft-enabled on the head pod)
   and its store, found by the head's RAY_REDIS_ADDRESS, is available in ElastiCache, with its
   nodes, the primary's AZ and whether it fails over by itself;
-- prefill and decode replicas run on different GPU nodes (Ray dashboard, --dashboard);
+- each served model (the ingress names its phase applications): both applications RUNNING, their
+  pair keys equal, prefill and decode replicas on different GPU nodes (Ray dashboard, --dashboard);
 - worker logs show `Backend LIBFABRIC was instantiated` and never UCX;
 - /v1/models and one streamed chat completion answer, with time to first token (--endpoint);
 - with observability: the GPU nodes' EFA byte counters moved in the minutes of that request
@@ -410,6 +411,55 @@ def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str
     return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))
 
 
+# A deployment's statuses that serve (Serve counts a scale event as running).
+SERVING = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+
+
+def check_served_models(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -> list[Check]:
+    """Ray dashboard /api/serve/applications/, one check per served model (the failover's layout: the
+    ingress application's ``models`` name each model's phase applications): both applications
+    RUNNING with every deployment serving, the two phases' pair keys equal (else decode refuses
+    prefill's KV), and prefill's and decode's replicas on different nodes. Ray's one application (no
+    failover): the placement check alone."""
+    apps = serve_apps.get("applications", {})
+    models = [
+        entry
+        for app in apps.values()
+        for entry in (((app.get("deployed_app_config") or {}).get("args") or {}).get("models") or [])
+        if isinstance(entry, dict) and "prefill" in entry and "decode" in entry
+    ]
+    if not models:
+        return [check_replica_placement(serve_apps, pod_nodes)]
+    checks = []
+    for entry in models:
+        problems, nodes, pairs = [], {}, {}
+        for phase in ("prefill", "decode"):
+            name = entry[phase]["app"]
+            app = apps.get(name)
+            if app is None:
+                problems.append(f"application {name} missing")
+                continue
+            if app.get("status") != "RUNNING":
+                problems.append(f"{name} {app.get('status')}")
+            deployment = (app.get("deployments") or {}).get(entry[phase]["deployment"]) or {}
+            if deployment.get("status") not in SERVING:
+                problems.append(f"{name}'s {entry[phase]['deployment']} {deployment.get('status', 'absent')}")
+            replicas = deployment.get("replicas") or []
+            nodes[phase] = {pod_nodes.get(str(r.get("node_ip")), f"ip {r.get('node_ip')}") for r in replicas}
+            pairs[phase] = ((app.get("deployed_app_config") or {}).get("args") or {}).get("pair")
+        if len(pairs) == 2 and pairs["prefill"] != pairs["decode"]:
+            problems.append(
+                f"pair keys differ (prefill {pairs['prefill']}, decode {pairs['decode']}): decode refuses "
+                "prefill's KV until both serve one config"
+            )
+        shared = nodes.get("prefill", set()) & nodes.get("decode", set())
+        if shared:
+            problems.append(f"prefill and decode both on {sorted(shared)}")
+        placed = ", ".join(f"{phase} on {sorted(found)}" for phase, found in nodes.items())
+        checks.append(Check(f"model {entry.get('model_id')}", not problems, "; ".join(problems) or placed))
+    return checks
+
+
 @dataclass(frozen=True)
 class MetricWindow:
     """One cluster's CloudWatch metrics in one-minute sums from the minute of ``sent``, read every
@@ -554,7 +604,7 @@ def run(args: argparse.Namespace) -> int:
         )
     try:
         apps = httpx.get(f"{args.dashboard}/api/serve/applications/", timeout=30).json()
-        checks.append(check_replica_placement(apps, pod_nodes))
+        checks += check_served_models(apps, pod_nodes)
     except httpx.HTTPError as error:
         checks.append(Check("replica placement", False, f"Ray dashboard unreachable ({error}); port-forward 8265"))
     try:  # the controller's lines from the head's files, the replicas' and engines' from the pod logs
