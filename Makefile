@@ -4,6 +4,7 @@
 #                rehearsal included)
 #   make rehearse  run the synthesized serve application on this CPU and probe it
 #   make rehearse-faults  the same under load while a replica dies, the KV link is cut, the GCS dies
+#   make rehearse-two-models  two models through one ingress; one model's decode changed restarts it alone
 #   make rehearse-gpu / emulate-gpu / bench-gpu  the same on NVIDIA GPUs with the image's stack
 SHELL := /bin/bash
 PYTHON ?= python3.11
@@ -30,7 +31,7 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 # fresh machine; Python compiles what it imports, when it imports it.
 export PIP_NO_COMPILE := 1
 
-.PHONY: synth test test-core deps lint rayenv rehearse rehearse-faults rehearse-gpu rehearse-gpu-image emulate-gpu bench-gpu clean
+.PHONY: synth test test-core deps lint rayenv rehearse rehearse-faults rehearse-two-models rehearse-gpu rehearse-gpu-image emulate-gpu bench-gpu clean
 
 $(VENV)/.synth-deps: requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -76,6 +77,12 @@ rehearse-faults: $(VENV_REHEARSE)/.deps synth
 	command -v redis-server >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends redis-server
 	command -v iptables >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends iptables
 	$(VENV_REHEARSE)/bin/python -m rehearsal.faults --template cdk.out/RayLlmPdServing.template.json
+
+# Two models through one ingress on this CPU (the second added as a typed value), then one model's
+# decode changed: only its application restarts. About 10 minutes, not in `make test`.
+rehearse-two-models: $(VENV)/.test-deps $(VENV_REHEARSE)/.deps
+	PYTHONPATH=constructs:. $(PY) -m rehearsal.two_models render .rehearsal/two-models.json
+	PYTHONPATH=constructs:. $(VENV_REHEARSE)/bin/python -m rehearsal.two_models run .rehearsal/two-models.json
 
 $(VENV_GPU)/.deps: rehearsal/gpu_install.sh constructs/eks_pd_serving/versions.py
 	PYTHON=$(PYTHON) rehearsal/gpu_install.sh $(VENV_GPU)

@@ -66,10 +66,15 @@ def log(message: str) -> None:
 
 @contextlib.contextmanager
 def local_ray(
-    env: dict[str, str], metrics_port: int, resources: dict[str, float], redis_password: str | None = None
+    env: dict[str, str],
+    metrics_port: int,
+    resources: dict[str, float],
+    redis_password: str | None = None,
+    num_cpus: int = 8,
 ) -> Iterator[str]:
     """Ray on loopback; on exit every process it started (engines included) is gone. With
-    ``RAY_REDIS_ADDRESS`` in ``env``, the GCS keeps its state in that store (``redis_password``)."""
+    ``RAY_REDIS_ADDRESS`` in ``env``, the GCS keeps its state in that store (``redis_password``).
+    ``num_cpus``: Ray's logical CPUs (each engine's replica and its bundle take one each)."""
     import ray
 
     # A caller may name the run (tests running rehearsals side by side look for their own).
@@ -87,7 +92,7 @@ def local_ray(
     try:
         ray.init(
             address="local",
-            num_cpus=8,
+            num_cpus=num_cpus,
             resources=resources,
             include_dashboard=False,
             _node_ip_address="127.0.0.1",

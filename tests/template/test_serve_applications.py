@@ -94,6 +94,11 @@ def test_a_second_model_from_typed_props_gets_its_own_phase_applications_behind_
     assert apps["small-decode"]["args"]["prefill"] == {"app": "small-prefill", "deployment": "Prefill:qwen3-0_6b"}
     assert [m["model_id"] for m in apps["pd-openai"]["args"]["models"]] == ["qwen3.5-9b", "qwen3-0.6b"]
     assert apps["small-prefill"]["args"]["pair"] != apps["pd-prefill"]["args"]["pair"]
+    # Each model's NIXL side channels from a window of their own (two prefill engines of rank 0 on
+    # one node both bound 20000 in the two-model rehearsal); the first model's stay where they were.
+    bases = {name: app["args"]["llm_config"]["experimental_configs"]["NIXL_SIDE_CHANNEL_PORT_BASE"]
+             for name, app in apps.items() if name != "pd-openai"}  # fmt: skip
+    assert bases == {"pd-prefill": 20000, "small-prefill": 20100, "pd-decode": 21000, "small-decode": 21100}
 
 
 def _weights_view(service: dict[str, Any], app: str) -> dict[str, Any]:

@@ -37,6 +37,19 @@ _ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # 20000 for both), so a prefill and a decode replica of rank 0 on one pod would both bind 20000;
 # the loser's listener dies (seen in the CPU rehearsal once the phases were two applications).
 NIXL_PORT_BASES = {"prefill": 20000, "decode": 21000}
+# Each served model's engines from a window of their own inside their phase's range: two models'
+# prefill replicas of rank 0 on one node (a node of several GPUs, or one host in the CPU rehearsal)
+# would otherwise both bind the phase's base (the two-model rehearsal's second prefill lost its
+# listener so). Ray adds rank x tensor-parallel size to the base: a window holds that many ports.
+NIXL_MODEL_WINDOW = 100
+NIXL_PHASE_RANGE = 1000
+
+
+def nixl_port_base(phase: str, model_index: int) -> int:
+    """The NIXL side-channel base of the ``model_index``-th served model's ``phase`` engines."""
+    return NIXL_PORT_BASES[phase] + model_index * NIXL_MODEL_WINDOW
+
+
 PHASES = ("prefill", "decode")
 # Ray's deployment names: build_llm_deployment's prefix and the model id with "/" and "." replaced
 # (``_get_deployment_name`` in ray/llm/_internal/serve/core/server/builder.py, Ray 2.58).
@@ -120,6 +133,7 @@ def build_llm_config(
     node_cache: NodeCacheSpec | None = None,
     *,
     replicas_in_args: bool = True,
+    model_index: int = 0,
 ) -> dict[str, Any]:
     """One side's Ray Serve ``LLMConfig`` as a plain dict, its weights' paths derived here
     (``engine_source``). ``replicas_in_args``: its replicas and timing inside it (Ray's own
@@ -151,7 +165,7 @@ def build_llm_config(
             "callback_class": node_cache.fill_callback,
             "callback_kwargs": {"source": weights.staged_uri},
         }
-    config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": NIXL_PORT_BASES[phase]}
+    config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": nixl_port_base(phase, model_index)}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.
         bundle = {"GPU": 1, engine.placement_resource: 1}
@@ -208,12 +222,13 @@ def _failover_settings(failover: FailoverSpec) -> dict[str, Any]:
 
 
 def _phase_app(
-    served: ServedModel, phase: str, failover: FailoverSpec, node_cache: NodeCacheSpec | None
+    served: ServedModel, phase: str, failover: FailoverSpec, node_cache: NodeCacheSpec | None, index: int
 ) -> dict[str, Any]:
     engine = served.prefill if phase == "prefill" else served.decode
     model, kv = served.model, served.kv
+    llm = build_llm_config(phase, model, engine, kv, node_cache, replicas_in_args=False, model_index=index)
     args: dict[str, Any] = {
-        "llm_config": build_llm_config(phase, model, engine, kv, node_cache, replicas_in_args=False),
+        "llm_config": llm,
         "pair": pair_key(model, kv, engine),
     }
     if failover.covered:
@@ -284,7 +299,26 @@ def build_serve_config(models: Sequence[ServedModel], node_cache: NodeCacheSpec 
         return {"applications": [{"name": APP_NAME, "import_path": IMPORT_PATH, "route_prefix": "/", "args": args}]}
     if any(served.failover is None for served in models):
         raise ValueError("RayServiceProps.models: give every model the failover, or serve one model without it")
-    phases = [_phase_app(served, phase, failover, node_cache) for phase in PHASES for served in models]
+    if len(models) * NIXL_MODEL_WINDOW > NIXL_PHASE_RANGE:
+        raise ValueError(
+            f"RayServiceProps.models: {len(models)} models; each phase's NIXL ports hold "
+            f"{NIXL_PHASE_RANGE // NIXL_MODEL_WINDOW}. Fix: serve at most that many models in one RayService"
+        )
+    for served in models:
+        for phase, engine in (("prefill", served.prefill), ("decode", served.decode)):
+            ports = (
+                engine.autoscaling.max_replicas if engine.autoscaling else engine.replicas
+            ) * engine.tensor_parallel_size
+            if ports > NIXL_MODEL_WINDOW:
+                raise ValueError(
+                    f"RayServiceProps.models: {served.model.model_id}'s {phase} needs {ports} NIXL ports (replicas x "
+                    f"tensor_parallel_size), its window holds {NIXL_MODEL_WINDOW}. Fix: fewer replicas"
+                )
+    phases = [
+        _phase_app(served, phase, failover, node_cache, index)
+        for phase in PHASES
+        for index, served in enumerate(models)
+    ]
     return {"applications": [*phases, _ingress_app(models, failover)]}
 
 
