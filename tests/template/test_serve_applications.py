@@ -195,7 +195,11 @@ def dashboard(service: dict[str, Any], nodes: dict[str, str]) -> dict[str, Any]:
     found = {}
     for name, app in applications(service).items():
         deployments = {
-            d["name"]: {"status": "HEALTHY", "replicas": [{"node_ip": nodes.get(name, "10.0.0.9"), "state": "RUNNING"}]}
+            d["name"]: {
+                "name": d["name"],
+                "status": "HEALTHY",
+                "replicas": [{"node_ip": nodes.get(name, "10.0.0.9"), "state": "RUNNING"}],
+            }
             for d in app.get("deployments") or []
         }
         found[name] = {"name": name, "status": "RUNNING", "deployed_app_config": app, "deployments": deployments}
@@ -221,3 +225,20 @@ def test_verify_checks_each_models_pair_by_its_applications() -> None:
     assert first.passed and not second.passed
     assert second.detail.startswith("small-prefill DEPLOY_FAILED; pair keys differ (prefill ")
     assert second.detail.endswith("; prefill and decode both on ['node-3']")
+
+
+@pytest.mark.ray
+@pytest.mark.skipif(not RAY_PYTHON.exists(), reason=f"{RAY_PYTHON} missing: `make rayenv` creates it")
+def test_what_verify_reads_is_rays_own_application_details(tmp_path: Path) -> None:
+    """The dashboard answer ``check_served_models`` is tested on holds Ray 2.58's field names and
+    statuses (``ApplicationDetails``); a status Ray does not have is refused."""
+    answer = tmp_path / "applications.json"
+    tool = str(ROOT / "tools" / "validate_serve_details.py")
+    served = dashboard(two_models(), {"pd-prefill": "10.0.0.1", "pd-decode": "10.0.0.2"})
+    answer.write_text(json.dumps(served))
+    ran = subprocess.run([str(RAY_PYTHON), tool, str(answer)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0 and "accepted 5 applications" in ran.stdout, ran.stderr
+    served["applications"]["small-decode"]["deployments"]["Decode:qwen3-0_6b"]["status"] = "FINE"
+    answer.write_text(json.dumps(served))
+    ran = subprocess.run([str(RAY_PYTHON), tool, str(answer)], capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 1 and "application small-decode: not Ray's ApplicationDetails" in ran.stderr
