@@ -15,7 +15,8 @@ from eks_pd_serving.log_groups import LogGroups
 from eks_pd_serving.network import Network
 
 
-def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
+def alone() -> tuple[cdk.Stack, Network, LogGroups, EksCluster]:
+    """A stack with a network, its log groups and a cluster, each from its own props."""
     stack = cdk.Stack(cdk.App(), "Alone")
     network = Network(stack, "Net", nat_gateways=1)
     logs = LogGroups(stack, "Logs", retention_days=7)
@@ -26,6 +27,11 @@ def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
         vpc=network.vpc,
         log_groups=logs,
     )
+    return stack, network, logs, eks
+
+
+def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
+    stack, network, _, eks = alone()
     group = GpuGroup("decode", ("decode",), "g6e.8xlarge", 3)
     EfaGpuNodeGroup(
         stack, group.construct_id, group=group, cluster=eks.cluster, vpc=network.vpc, subnet=network.gpu_subnet
@@ -60,16 +66,7 @@ def test_the_ray_service_and_the_capacity_check_from_their_own_props() -> None:
     from eks_pd_serving.capacity_check import GpuCapacityCheck
     from eks_pd_serving.ray_service import RayServiceManifest
 
-    stack = cdk.Stack(cdk.App(), "Alone")
-    network = Network(stack, "Net", nat_gateways=1)
-    logs = LogGroups(stack, "Logs", retention_days=7)
-    eks = EksCluster(
-        stack,
-        "Eks",
-        props=EksClusterProps(cluster_name="alone", system_instance_type="m7i.xlarge", system_root_volume_gib=100),
-        vpc=network.vpc,
-        log_groups=logs,
-    )
+    stack, network, logs, eks = alone()
     engine = k8s.EngineSpec(replicas=1, tensor_parallel_size=1, enforce_eager=True)
     served = k8s.ServedModel(
         model=k8s.ModelSpec(

@@ -242,3 +242,20 @@ def test_what_verify_reads_is_rays_own_application_details(tmp_path: Path) -> No
     answer.write_text(json.dumps(served))
     ran = subprocess.run([str(RAY_PYTHON), tool, str(answer)], capture_output=True, text=True, timeout=300)
     assert ran.returncode == 1 and "application small-decode: not Ray's ApplicationDetails" in ran.stderr
+
+
+def test_nixl_port_windows_that_cannot_hold_the_models_are_refused() -> None:
+    from support import RAY_IMAGE
+
+    from eks_pd_serving.config import DeploymentConfig
+    from eks_pd_serving.k8s.serve_config import build_serve_config
+    from eks_pd_serving.mapping import ray_service_props
+
+    (first,) = ray_service_props(DeploymentConfig.create(), RAY_IMAGE).models
+    many = [replace(first, name=f"m{k}", model=replace(first.model, model_id=f"m{k}")) for k in range(11)]
+    with pytest.raises(ValueError, match=r"11 models; each phase's NIXL ports hold 10"):
+        build_serve_config(many)
+    wide = replace(first, decode=replace(first.decode, replicas=51, tensor_parallel_size=2))
+    with pytest.raises(ValueError, match=r"qwen3.5-9b's decode needs 102 NIXL ports .* its window holds 100"):
+        build_serve_config([wide])
+    assert build_serve_config(many[:10])  # ten fit

@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .specs import EngineSpec, RayServiceProps, ServedModel, WorkerGroupSpec
-
-PHASES = ("prefill", "decode")
+from .serve_config import PHASES
+from .specs import RayServiceProps, ServedModel, WorkerGroupSpec
 
 
 @dataclass(frozen=True)
@@ -31,10 +30,6 @@ class PhaseDemand:
         return f"{self.model} {self.phase} {self.replicas} x tp {self.tensor_parallel_size}"
 
 
-def _most_replicas(engine: EngineSpec) -> int:
-    return engine.autoscaling.max_replicas if engine.autoscaling else engine.replicas
-
-
 def demands(models: Sequence[ServedModel]) -> list[PhaseDemand]:
     found = []
     for served in models:
@@ -44,7 +39,7 @@ def demands(models: Sequence[ServedModel]) -> list[PhaseDemand]:
                 PhaseDemand(
                     served.model.model_id,
                     phase,
-                    _most_replicas(engine),
+                    engine.most_replicas,
                     engine.tensor_parallel_size,
                     engine.placement_resource,
                 )

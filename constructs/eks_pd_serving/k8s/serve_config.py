@@ -306,9 +306,7 @@ def build_serve_config(models: Sequence[ServedModel], node_cache: NodeCacheSpec 
         )
     for served in models:
         for phase, engine in (("prefill", served.prefill), ("decode", served.decode)):
-            ports = (
-                engine.autoscaling.max_replicas if engine.autoscaling else engine.replicas
-            ) * engine.tensor_parallel_size
+            ports = engine.most_replicas * engine.tensor_parallel_size
             if ports > NIXL_MODEL_WINDOW:
                 raise ValueError(
                     f"RayServiceProps.models: {served.model.model_id}'s {phase} needs {ports} NIXL ports (replicas x "

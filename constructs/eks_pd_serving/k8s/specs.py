@@ -90,6 +90,11 @@ class EngineSpec:
     health_check_period_s: float = 10.0
     health_check_timeout_s: float = 10.0
 
+    @property
+    def most_replicas(self) -> int:
+        """The most replicas the phase runs: its autoscaling bound, or its fixed count."""
+        return self.autoscaling.max_replicas if self.autoscaling else self.replicas
+
 
 @dataclass(frozen=True)
 class PodProgram:
