@@ -9,6 +9,8 @@ import aws_cdk as cdk
 
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.engine_choices import what_if_line
+from eks_pd_serving.phase import PHASES
+from eks_pd_serving.sizing import Sizing
 from stacks.pd_serving_stack import PdServingStack
 
 STACK_NAME = "RayLlmPdServing"
@@ -17,8 +19,8 @@ STACK_NAME = "RayLlmPdServing"
 def print_sizing(config: DeploymentConfig) -> None:
     """The per-GPU memory and KV-transfer estimate of each phase on its own GPU group's type
     (synth already enforced it)."""
-    summaries = {
-        (phase, config.gpu_group(phase).instance_type): config.sizing(phase) for phase in ("prefill", "decode")
+    summaries: dict[tuple[str, str], Sizing | None] = {
+        (phase, config.gpu_group(phase).instance_type): config.sizing(phase) for phase in PHASES
     }
     (prefill, decode) = summaries
     if summaries[prefill] == summaries[decode] and prefill[1] == decode[1]:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from .probes import Endpoint, ProbeFailed, external_kv_by_replica, settled_counters, stream_chat
 
@@ -25,7 +26,7 @@ PROMPTS = [f"Request {i}: describe how decode pulls the prompt's KV blocks from 
 
 def decode_scaling(serve_config: dict[str, Any]) -> dict[str, Any] | None:
     """The decode deployment's autoscaling config when it can reach two replicas, else None."""
-    scaling = layout.replica_options(serve_config, "decode").get("autoscaling_config")
+    scaling = layout.replica_options(serve_config, Phase.DECODE).get("autoscaling_config")
     return dict(scaling) if scaling and scaling["max_replicas"] >= 2 else None
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from eks_pd_serving.catalog import CATALOG
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 from eks_pd_serving.sizing import GIB
 
 from . import bench, catalog_checkpoint, gpu_profile, harness, profile, qwen35_checkpoint
@@ -70,7 +71,7 @@ def _model(args: argparse.Namespace, work: Path, model_source: str = "") -> tupl
 def _deployed(template: Path) -> tuple[dict[str, Any], dict[str, Any], str]:
     ray_service = profile.ray_service_from_template(template)
     deployed = profile.serve_config(ray_service)
-    return ray_service, deployed, layout.llm_config(deployed, "decode")["model_loading_config"]["model_id"]
+    return ray_service, deployed, layout.llm_config(deployed, Phase.DECODE)["model_loading_config"]["model_id"]
 
 
 def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float) -> int:
@@ -91,7 +92,7 @@ def rehearse(args: argparse.Namespace, host: gpu_profile.GpuHost, started: float
 
 def emulate(args: argparse.Namespace, host: gpu_profile.GpuHost) -> int:
     ray_service, deployed, _ = _deployed(args.template)
-    prefill = layout.llm_config(deployed, "prefill")
+    prefill = layout.llm_config(deployed, Phase.PREFILL)
     model_source = gpu_profile.catalogue_source(profile.weights_source(prefill))
     deployed_engine = prefill["engine_kwargs"]
     model_dir, dummy = _model(args, args.work_dir, model_source)

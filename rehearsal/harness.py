@@ -22,6 +22,7 @@ from typing import Any
 from eks_pd_serving.endpoint_check import check_endpoint
 from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.observability import JOIN_METRIC, OTLP_METRICS, replica_start
+from eks_pd_serving.phase import Phase
 
 from . import api_keys, autoscale, client_limits, profile, verdict
 from .probes import (
@@ -247,7 +248,7 @@ def rehearse_both(run: Rehearsal) -> dict[str, Any]:
                 report["autoscale"] = autoscale.scale_up(endpoint, SCALE_UP_TIMEOUT_S, log)
             if config is rehearsed:
                 log("== pd: what a client may not do (transfer params, adapter ids, a 2 MB chat)")
-                length = layout.llm_config(rehearsed, "decode")["engine_kwargs"]["max_model_len"]
+                length = layout.llm_config(rehearsed, Phase.DECODE)["engine_kwargs"]["max_model_len"]
                 report["client_limits"] = client_limits.probe(endpoint, run_id, int(length))
             if keys and config is rehearsed:
                 log("== pd: API keys (OpenAI SDK with, without and with a wrong key; a rotation)")

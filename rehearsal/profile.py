@@ -21,6 +21,7 @@ from eks_pd_serving.assembly import kubernetes_objects
 from eks_pd_serving.endpoint import proxy
 from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s import serve_config as serve_config_module
+from eks_pd_serving.phase import Phase
 from eks_pd_serving.weights import node_cache
 
 # The pod annotations holding the programs' digests (mapping.KV_GUARD_CODE, mapping.FAILOVER_CODE:
@@ -200,7 +201,7 @@ def colocated_control(
     """The decode engine's settings without the KV connector, ``replicas`` of it: the baseline
     outputs and the negative control (one replica), or the colocated layout a benchmark compares
     PD with. ``placement`` replaces the engine's placement; None keeps the decode engine's."""
-    llm = copy.deepcopy(serve_config_module.llm_config(rehearsed, "decode"))
+    llm = copy.deepcopy(serve_config_module.llm_config(rehearsed, Phase.DECODE))
     llm["engine_kwargs"].pop("kv_transfer_config")
     llm["deployment_config"] = {"num_replicas": replicas}
     if placement is not None:

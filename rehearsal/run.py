@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from . import api_keys, profile, s3_weights, tiny_checkpoint
 from .harness import LOCAL_ENV, Rehearsal, free_port, log, rehearse_and_judge
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ray_service = profile.ray_service_from_template(args.template)
     deployed = profile.serve_config(ray_service)
     checkpoint = tiny_checkpoint.build(args.checkpoint.resolve())
-    source = profile.weights_source(layout.llm_config(deployed, "decode"))
+    source = profile.weights_source(layout.llm_config(deployed, Phase.DECODE))
     work = args.report.parent.resolve()
     # With api_keys: the check's code from the template, the keys in a local Secrets Manager.
     with api_keys.local_keys(args.template, work, free_port()) as keys:
@@ -72,7 +73,7 @@ def _rehearse(
     log(profile.diff(deployed, rehearsed) or "(identical)")
     env = {**profile.worker_env(ray_service), **LOCAL_ENV, **(weights.env if weights else {})}
     log(f"== worker env: {json.dumps(env, sort_keys=True)}")
-    model_id = layout.llm_config(deployed, "decode")["model_loading_config"]["model_id"]
+    model_id = layout.llm_config(deployed, Phase.DECODE)["model_loading_config"]["model_id"]
 
     report: dict[str, Any] = {"deployed": deployed, "rehearsed": rehearsed, "env": env}
     failover_args: dict[str, Any] = next(iter(layout.failover_settings(deployed)), {})
@@ -86,7 +87,7 @@ def _rehearse(
         return status
     # Proof of the S3 path: Ray's mirror wrote this run's snapshot (a fresh hash, a cache of the
     # run's own, Hugging Face offline), byte for byte the staged weights.
-    decode = layout.llm_config(rehearsed, "decode")
+    decode = layout.llm_config(rehearsed, Phase.DECODE)
     node_copy = Path(decode["model_loading_config"]["model_source"]) if decode.get("callback_config") else None
     from_s3 = weights.loaded_from_s3(model_id, checkpoint, node_copy)
     where = f"the node cache's {node_copy}" if node_copy else "Ray's mirror"

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 from eks_pd_serving.weights.node_cache import eks_pd_node_cache as node_cache
 
 from . import profile
@@ -34,7 +35,7 @@ DIGESTS = ".eks-pd-digests.json"
 
 def staged_uri(deployed: dict[str, Any]) -> str:
     """The local S3's URI for the deployed callback's source (the same prefix)."""
-    llm = layout.llm_config(deployed, "decode")
+    llm = layout.llm_config(deployed, Phase.DECODE)
     callback = llm.get("callback_config")
     if not callback:
         raise ValueError("the deployed serve config has no node cache callback: synthesize with node_cache=true")

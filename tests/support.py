@@ -27,6 +27,8 @@ from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import GcsFaultToleranceSpec, RayNamespaceChart, RayServiceChart
 from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.mapping import ray_service_props
+from eks_pd_serving.phase import PHASES
+from eks_pd_serving.weights.model_weights import weights_prefix
 from stacks.pd_serving_stack import PdServingStack
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -218,6 +220,13 @@ API_KEYS_SECRET_ARN = "arn:aws:secretsmanager:us-east-1:123456789012:secret:api-
 STAGED_URI = "s3://weights-bucket/weights/Qwen/Qwen3.5-9B/main"
 
 
+def staged_uris(config: DeploymentConfig) -> dict[str, str]:
+    """The further served models' staged URIs by model id, as ``ModelWeights.more`` gives them."""
+    if config.weights_source != "s3":
+        return {}
+    return {m.model_id: f"s3://weights-bucket/{weights_prefix(m.repository, m.revision)}" for m in config.models[1:]}
+
+
 def render(**settings: Any) -> list[dict[str, Any]]:
     """The RayService's two charts (namespace and what the pods mount, then the RayService) as the
     stack builds them, with stand-ins for what CloudFormation resolves (the staged weights' URI
@@ -226,7 +235,9 @@ def render(**settings: Any) -> list[dict[str, Any]]:
     secret = API_KEYS_SECRET_ARN if config.api_keys_on else None
     gcs = GcsFaultToleranceSpec(GCS_STORE_ADDRESS, GCS_TOKEN_ARN) if config.gcs_fault_tolerance else None
     staged = STAGED_URI if config.weights_source == "s3" else None
-    props = ray_service_props(config, RAY_IMAGE, staged, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs)
+    props = ray_service_props(
+        config, RAY_IMAGE, staged, api_keys_secret_arn=secret, gcs_fault_tolerance=gcs, staged_uris=staged_uris(config)
+    )
     app = cdk8s.App()
     charts = (RayNamespaceChart(app, "RayNamespace", props=props), RayServiceChart(app, "RayService", props=props))
     return [document for chart in charts for document in cdk8s.Testing.synth(chart)]
@@ -243,7 +254,7 @@ def render_props(change: Any, **settings: Any) -> dict[str, Any]:
     under weights_source=s3, as ``PdServing`` stages it."""
     config = DeploymentConfig.create(**settings)
     staged = STAGED_URI if config.weights_source == "s3" else None
-    props = change(ray_service_props(config, RAY_IMAGE, staged))
+    props = change(ray_service_props(config, RAY_IMAGE, staged, staged_uris=staged_uris(config)))
     documents = cdk8s.Testing.synth(RayServiceChart(cdk8s.App(), "RayService", props=props))
     (service,) = [d for d in documents if d["kind"] == "RayService"]
     return dict(service)
@@ -256,7 +267,7 @@ def serve_args(service: dict[str, Any]) -> dict[str, Any]:
     settings (``failover``, absent without it)."""
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     view: dict[str, Any] = {}
-    for phase in ("prefill", "decode"):
+    for phase in PHASES:
         view[f"{phase}_config"] = layout.llm_config(config, phase)
         view[f"{phase}_deployment"] = layout.replica_options(config, phase)
     settings = layout.failover_settings(config)

@@ -36,6 +36,8 @@ def default_text(name: str) -> str:
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
     if field.default is None:
         return str(extra.get("default_means", "none"))
+    if field.default == ():
+        return "none (an empty list)"
     return f"`{_literal(field.default)}`"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .catalog import ModelFacts
 from .config import DeploymentConfig
+from .phase import Phase
 from .sizing import QUANTIZATIONS, Sizing
 
 
@@ -14,7 +15,7 @@ def engine_choices(config: DeploymentConfig, facts: ModelFacts) -> list[tuple[st
     found = []
     for quantization in QUANTIZATIONS:
         for eager in (True, False):
-            sizing = config.sizing("decode", facts, quantization=quantization, enforce_eager=eager)
+            sizing = config.sizing(Phase.DECODE, facts, quantization=quantization, enforce_eager=eager)
             assert sizing is not None  # facts given
             label = f"{'bf16' if quantization == 'none' else quantization}, {'eager' if eager else 'CUDA graphs'}"
             found.append((label, (quantization, eager) == (config.quantization, config.decode_enforce_eager), sizing))

@@ -15,8 +15,9 @@ from typing import Literal
 
 from .capacity.checks import GroupNeed
 from .catalog import INSTANCE_TYPES, InstanceFacts, gpu_slug
+from .phase import PHASES, Phase
 
-PHASES = ("prefill", "decode")
+__all__ = ["PHASES", "Phase"]  # re-exported: the settings' layer asks here
 # Nodes of the system group: the KubeRay operator and the Ray head run there.
 SYSTEM_NODE_LABELS = {"role": "system"}
 # The Ray head's CPU (requests = limits), on a system node: GCS, the dashboard, Serve's controller
@@ -43,7 +44,7 @@ class GpuGroup:
     """One GPU managed node group and the Ray worker group pinned to it."""
 
     name: str  # "gpu" (shared), "prefill" or "decode"
-    phases: tuple[str, ...]
+    phases: tuple[Phase, ...]
     instance_type: str
     node_count: int
     # With autoscaling: the node group's bounds (node_count is then the minimum, what the
@@ -126,7 +127,7 @@ def gpu_groups(
     gpu_layout: str,
     *,
     gpu: tuple[str, int],
-    per_phase: Mapping[str, tuple[str | None, int | None]],
+    per_phase: Mapping[Phase, tuple[str | None, int | None]],
     node_bounds: Mapping[str, tuple[int, int]] | None = None,
 ) -> list[GpuGroup]:
     """The groups of a layout: ``gpu`` is the shared (type, count), ``per_phase`` each phase's

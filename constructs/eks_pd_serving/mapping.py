@@ -8,7 +8,7 @@ what this returns and reads no setting itself (a packaging test holds that)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aws_cdk import Aws, Token
@@ -19,10 +19,12 @@ from .capacity.checks import GroupNeed, ReservedGroup
 from .catalog import HYBRID, InstanceFacts, ModelFacts
 from .cluster import EksClusterProps
 from .config import ConfigError, DeploymentConfig, derived
+from .config.served_models import FIRST_APP_PREFIX, ModelChoice, app_prefixes
 from .endpoint import proxy
 from .fault_tolerance import auth, failover, kv_guard
 from .fault_tolerance.failover import upstream as failover_upstream
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
+from .phase import Phase
 from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, checkpoint_bytes
 from .weights import node_cache
 from .weights.model_weights import Removal
@@ -51,13 +53,15 @@ class GpuNodeGroupPlan:
 
 @dataclasses.dataclass(frozen=True)
 class WeightsPlan:
-    """``ModelWeights``' settings; ``access_logs``: (bucket name, prefix) or None."""
+    """``ModelWeights``' settings; ``access_logs``: (bucket name, prefix) or None; ``more``: the
+    other served models' (model id, repository, revision), staged beside the first."""
 
     model_source: str
     revision: str
     hf_token_secret: str | None
     removal: Removal
     access_logs: tuple[str, str] | None
+    more: tuple[tuple[str, str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +162,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
             access_logs=(config.access_logs_bucket, access_logs_prefix(config, "s3"))
             if config.access_logs_bucket
             else None,
+            more=tuple((m.model_id, m.repository, m.revision) for m in config.models[1:]),
         )
         if config.weights_source == "s3"
         else None,
@@ -181,7 +186,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         image=config.image or versions.ray_image_uri(resolved_region),
         converge=converges(config),
         rollout_deadline_s=rollout_deadline_s(config),
-        serve_step_s=rollout.step_s(checkpoint_bytes(config.model_facts) if config.model_facts else None),
+        serve_step_s=rollout.step_s(_largest_checkpoint(config)),
     )
 
 
@@ -274,10 +279,17 @@ def converges(config: DeploymentConfig) -> bool:
 
 
 def rollout_deadline_s(config: DeploymentConfig) -> int:
-    """The rollout Job's deadline: the engines' start, an image pull and the model's read
-    (``rollout.deadline_s``; the catalogue's checkpoint size, else an unknown model's)."""
-    facts = config.model_facts
-    return rollout.deadline_s(checkpoint_bytes(facts) if facts else None, IMAGE_DISK_GIB)
+    """The rollout Job's deadline: the engines' start, an image pull and the largest served model's
+    read (``rollout.deadline_s``; the catalogue's checkpoint size, else an unknown model's): every
+    model's engines start at once on their own GPUs, so the slowest read bounds the wait."""
+    return rollout.deadline_s(_largest_checkpoint(config), IMAGE_DISK_GIB)
+
+
+def _largest_checkpoint(config: DeploymentConfig) -> int | None:
+    """The largest served model's checkpoint bytes; None when one is outside the catalogue and has
+    no config.json (``rollout``'s unknown-model size then)."""
+    sizes = [checkpoint_bytes(facts) if (facts := config.facts_of(m)) else None for m in config.models]
+    return None if None in sizes else max(s for s in sizes if s is not None)
 
 
 def region(config: DeploymentConfig) -> str:
@@ -323,10 +335,11 @@ def worker_group(group: GpuGroup) -> k8s.WorkerGroupSpec:
     )
 
 
-def _engine(config: DeploymentConfig, phase: str) -> k8s.EngineSpec:
+def _engine(config: DeploymentConfig, phase: Phase, facts: ModelFacts | None) -> k8s.EngineSpec:
+    """``phase``'s engine of the model of ``facts``, sized for it (its own max_num_seqs)."""
     low, high = config.replica_bounds(phase)
     settings = config.phase(phase)
-    sizing = config.sizing(phase)
+    sizing = config.sizing(phase, facts)
     return k8s.EngineSpec(
         replicas=settings.replicas,
         tensor_parallel_size=settings.tensor_parallel_size,
@@ -487,26 +500,47 @@ def api_keys_spec(config: DeploymentConfig, secret_arn: str | None) -> k8s.ApiKe
 
 
 def served_model(config: DeploymentConfig, weights_uri: str | None = None) -> k8s.ServedModel:
-    """The settings' one served model: what both engines load (``weights_uri``: the staged revision,
-    ``s3://bucket/prefix``, else the Hugging Face repository at ``model_revision``), each phase's
-    engine and replicas, the KV transfer and the failover. Where the engines read the weights (the
-    node cache's folder, the staged copy, the Hub) is derived from ``k8s.Weights`` when rendered."""
+    """The settings' first served model (``model_id``, ``model_source``): what both engines load
+    (``weights_uri``: the staged revision, ``s3://bucket/prefix``, else the Hugging Face repository
+    at ``model_revision``), each phase's engine and replicas, the KV transfer and the failover. Where
+    the engines read the weights (the node cache's folder, the staged copy, the Hub) is derived from
+    ``k8s.Weights`` when rendered."""
+    return _served(config, config.models[0], weights_uri, FIRST_APP_PREFIX)
+
+
+def served_models(
+    config: DeploymentConfig, staged_uris: Mapping[str, str] | None = None
+) -> tuple[k8s.ServedModel, ...]:
+    """Every served model (``config.models``: the settings' own, then ``served_models``), each from
+    its staged copy where ``staged_uris`` (model id to ``s3://bucket/prefix``) names one, else from
+    the Hub at its revision. The first keeps the applications' prefix ``pd``; each other model's
+    is its id (``ModelChoice.app_prefix``)."""
+    uris = staged_uris or {}
+    return tuple(
+        _served(config, choice, uris.get(choice.model_id), prefix)
+        for choice, prefix in zip(config.models, app_prefixes(config.models), strict=True)
+    )
+
+
+def _served(config: DeploymentConfig, choice: ModelChoice, weights_uri: str | None, prefix: str) -> k8s.ServedModel:
+    facts = config.facts_of(choice)
     return k8s.ServedModel(
+        name=prefix,
         model=k8s.ModelSpec(
-            model_id=config.model_id,
-            weights=k8s.Weights(config.model_source, config.model_revision, staged_uri=weights_uri or ""),
+            model_id=choice.model_id,
+            weights=k8s.Weights(choice.repository, choice.revision, staged_uri=weights_uri or ""),
             max_model_len=config.max_model_len,
             dtype=config.dtype,
             gpu_memory_utilization=config.gpu_memory_utilization,
             language_model_only=not config.multimodal,
             trust_request_chat_template=config.trust_request_chat_template,
         ),
-        prefill=_engine(config, "prefill"),
-        decode=_engine(config, "decode"),
+        prefill=_engine(config, Phase.PREFILL, facts),
+        decode=_engine(config, Phase.DECODE, facts),
         kv=k8s.KvTransferSpec(
             backend=config.kv_backend,
             buffer_device=config.kv_buffer_device,
-            load_failure_policy=kv_load_failure_policy(config.model_facts),
+            load_failure_policy=kv_load_failure_policy(facts),
         ),
         failover=failover_spec(config),
     )
@@ -529,10 +563,12 @@ def ray_service_props(
     weights_uri: str | None = None,
     api_keys_secret_arn: str | None = None,
     gcs_fault_tolerance: k8s.GcsFaultToleranceSpec | None = None,
+    staged_uris: Mapping[str, str] | None = None,
 ) -> k8s.RayServiceProps:
-    """``weights_uri``: the staged revision (``s3://bucket/prefix``), which both engines load
-    from the node cache's copy of it (through Ray Serve LLM's S3 mirror without the node cache);
-    None: the Hugging Face repository itself.
+    """``weights_uri``: the first model's staged revision (``s3://bucket/prefix``), which both
+    engines load from the node cache's copy of it (through Ray Serve LLM's S3 mirror without the
+    node cache); None: the Hugging Face repository itself. ``staged_uris``: the other served
+    models' staged revisions by model id (``served_models``).
     ``api_keys_secret_arn``: the key secret every Serve proxy reads; None: no key check.
     ``gcs_fault_tolerance``: the GCS store's address and token secret; None: no head fault tolerance."""
     facts = config.model_facts
@@ -543,7 +579,9 @@ def ray_service_props(
         namespace=config.namespace,
         image=image,
         ray_version=versions.RAY_VERSION,
-        models=(served_model(config, weights_uri),),
+        models=served_models(
+            config, {**(staged_uris or {}), **({config.model_id: weights_uri} if weights_uri else {})}
+        ),
         head=HEAD,
         workers=tuple(worker_group(group) for group in config.gpu_groups),
         hybrid_model=bool(facts and facts.hybrid),

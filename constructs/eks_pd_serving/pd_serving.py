@@ -163,6 +163,7 @@ class PdServing(Construct):
             GcsFaultToleranceSpec(self.gcs_store.address, self.gcs_store.auth_token.secret_arn)
             if self.gcs_store
             else None,
+            staged_uris={model_id: uri for model_id, (uri, _) in weights.more.items()} if weights else None,
         )
         if self.models is not None:
             props = replace(props, models=mapping.with_staged_weights(self.models, props.models[0].model.weights))
@@ -178,7 +179,7 @@ class PdServing(Construct):
                 *self.gpu_nodegroups,
                 *([self.cluster_autoscaler] if self.cluster_autoscaler else []),
                 # The engines start once the weights are staged, with their identities in place.
-                *([weights.resource] if weights else []),
+                *([weights.resource, *(resource for _, resource in weights.more.values())] if weights else []),
                 *access,
             ],
             converge=plan.converge,
@@ -199,6 +200,7 @@ class PdServing(Construct):
             log_groups=self.log_groups,
             hf_token_secret=plan.hf_token_secret,
             removal=plan.removal,
+            more=plan.more,
             access_logs=(
                 (s3.Bucket.from_bucket_name(self, "AccessLogsBucket", plan.access_logs[0]), plan.access_logs[1])
                 if plan.access_logs

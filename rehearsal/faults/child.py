@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from .. import gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint, warm_node
 from ..harness import LOCAL_ENV, PROMPTS, build, deploy, free_port, local_ray, logs_dir, undeploy
@@ -49,7 +50,7 @@ def run_child(run: RunArgs) -> int:
     ray_service = profile.ray_service_from_template(run.template)
     rehearsed, env = _engines(run, ray_service)
     faults = registry.chosen(run.faults)
-    model_id = layout.llm_config(rehearsed, "decode")["model_loading_config"]["model_id"]
+    model_id = layout.llm_config(rehearsed, Phase.DECODE)["model_loading_config"]["model_id"]
     for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY"))]:
         env.pop(name)  # the key check is the main rehearsal's; here every request goes unkeyed
     # Serve's replica lines on stderr too (its log files buffer them): the parent counts the KV
@@ -103,7 +104,7 @@ def _expected(run: RunArgs, events: Events, rehearsed: dict[str, Any], endpoint:
         else:
             ready_s += deploy(build(step), http_port, run.timeout_s)
     events.write({"type": "ready", "ready_s": ready_s})
-    kv = layout.llm_config(rehearsed, "decode")["engine_kwargs"]["kv_transfer_config"]
+    kv = layout.llm_config(rehearsed, Phase.DECODE)["engine_kwargs"]["kv_transfer_config"]
     own = answers(endpoint, "the PD app")
     # Without the control, the PD app's own answers are the only right ones (a guarded decode
     # never recomputes: it refuses).

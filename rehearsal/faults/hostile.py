@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import PHASES
 
 from ..client_limits import NESTED_VALUES, serving_processes
 from ..probes import _chat_body
@@ -102,7 +103,7 @@ async def _straight_to_engines(context: Context) -> dict[str, str]:
     from ray.llm._internal.serve.core.configs.openai_api_models import ChatCompletionRequest, ErrorResponse
 
     found: dict[str, str] = {}
-    for phase in ("decode", "prefill"):
+    for phase in reversed(PHASES):
         app = next(a["name"] for a in context.rehearsed["applications"] if a["name"].endswith(f"-{phase}"))
         model = layout.llm_config(context.rehearsed, phase)["model_loading_config"]["model_id"]
         handle = serve.get_deployment_handle(layout.deployment_name(phase, model), app).options(stream=True)

@@ -15,6 +15,7 @@ import psutil
 
 from eks_pd_serving.fault_tolerance import failover
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from ..probes import _chat_body
 from ..processes import marked_processes
@@ -39,7 +40,7 @@ class PoisonedRequest(Fault):
     titles = (("decode engine killed by a request", "poison"),)
 
     def run(self, context: Context) -> None:
-        title = layout.replica_title(context.rehearsed, "decode")
+        title = layout.replica_title(context.rehearsed, Phase.DECODE)
         body = _chat_body(context.endpoint, f"A request that kills its engine {uuid.uuid4().hex}", max_tokens=8)
         seen: dict[str, Any] = {}
 

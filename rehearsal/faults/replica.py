@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from .fault import Context, Fault, kill, served_through_failover
 
@@ -25,7 +26,7 @@ class ReplicaKilled(Fault):
         self.in_flight_may_fail = in_flight_may_fail
 
     def run(self, context: Context) -> None:
-        title = layout.replica_title(context.rehearsed, self.key)
+        title = layout.replica_title(context.rehearsed, Phase(self.key))
         context.inject(self.key, f"{self.key} replica killed", lambda: kill(context.run_id, title))
 
     def failover_holds(self, judged: dict[str, Any], wait_s: float) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from eks_pd_serving import rollout
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 from .fault import Context, Fault
 
@@ -32,7 +33,7 @@ def changed(serve_config: dict[str, Any], change: str) -> dict[str, Any]:
     ``failover``: the failover's replica wait."""
     result = copy.deepcopy(serve_config)
     if change in ("prefill", "decode"):
-        engine = layout.llm_config(result, change)["engine_kwargs"]
+        engine = layout.llm_config(result, Phase(change))["engine_kwargs"]
         engine["max_num_seqs"] = max(1, int(engine.get("max_num_seqs", 8)) - 1)
     elif change == "both":
         for app in result["applications"]:
@@ -44,9 +45,9 @@ def changed(serve_config: dict[str, Any], change: str) -> dict[str, Any]:
             for model in args.get("models", []):
                 model["max_model_len"] -= 64
     elif change == "autoscaling":
-        options = layout.replica_options(result, "decode")
+        options = layout.replica_options(result, Phase.DECODE)
         target = _override(result, options["name"]) if "name" in options else None
-        options = target or layout.llm_config(result, "decode")["deployment_config"]
+        options = target or layout.llm_config(result, Phase.DECODE)["deployment_config"]
         if "num_replicas" in options:  # Ray's builder: a fixed count becomes equal bounds (Serve takes one)
             count = options.pop("num_replicas")
             options["autoscaling_config"] = {"min_replicas": count, "max_replicas": count}

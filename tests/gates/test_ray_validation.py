@@ -77,6 +77,18 @@ def test_ray_accepts_the_generated_serve_config(tmp_path: Path, settings: dict[s
         assert f"ray 2.58.0: {accepted}" in result.stdout
 
 
+def test_ray_accepts_a_second_model_from_the_settings(tmp_path: Path) -> None:
+    result = run_ray_check(tmp_path, ray_service(served_models=("qwen3-8b=Qwen/Qwen3-8B@main",), gpu_node_count=4))
+    assert result.returncode == 0, result.stderr
+    for accepted in (
+        "application 'qwen3-8b-prefill' accepted: prefill of 'qwen3-8b', kv_producer, deployment 'Prefill:qwen3-8b'",
+        "application 'qwen3-8b-decode' accepted: decode of 'qwen3-8b', kv_consumer, deployment 'Decode:qwen3-8b'",
+        "application 'pd-openai' accepted: ingress of 2 model(s)",
+        "'qwen3-8b-decode' and its prefill accepted together as PDServingArgs ('qwen3-8b', pair ",
+    ):
+        assert f"ray 2.58.0: {accepted}" in result.stdout
+
+
 def test_ray_accepts_its_own_builder_without_the_failover(tmp_path: Path) -> None:
     result = run_ray_check(tmp_path, ray_service(pd_failover=False))
     assert result.returncode == 0, result.stderr

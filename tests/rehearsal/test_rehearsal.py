@@ -15,6 +15,7 @@ from support import ROOT, log_filter_matches
 
 from eks_pd_serving import observability as om
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 from rehearsal import profile
 
 PYTHON = Path(os.environ.get("EKS_PD_REHEARSE_PYTHON", ROOT / ".venv-rehearse" / "bin" / "python"))
@@ -179,7 +180,7 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
 def test_a_broken_serve_config_fails_with_rays_own_message(tmp_path: Path, template_file: Path) -> None:
     deployed = profile.serve_config(profile.ray_service_from_template(template_file))
     broken = profile.local_profile(deployed, tmp_path.parent / "tiny-checkpoint")
-    prefill = layout.llm_config(broken, "prefill")
+    prefill = layout.llm_config(broken, Phase.PREFILL)
     prefill["kv_transfer_config"] = prefill["engine_kwargs"].pop("kv_transfer_config")
     config = tmp_path / "broken.yaml"
     config.write_text(yaml.safe_dump(broken))

@@ -23,6 +23,7 @@ from eks_pd_serving.cli import cost
 from eks_pd_serving.cluster_autoscaler import MUTATING_ACTIONS
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.layout import SYSTEM_NODE_LABELS
+from eks_pd_serving.phase import Phase
 
 # cluster-autoscaler/cloudprovider/aws/README.md at kubernetes/autoscaler tag cluster-autoscaler-1.35.2,
 # its "Full Cluster Autoscaler Features Policy" block.
@@ -48,11 +49,11 @@ def _ray_service(template: dict[str, Any]) -> dict[str, Any]:
 # --- settings and their rules ---------------------------------------------------------------
 def test_autoscaling_alone_gives_one_to_two_replicas_per_phase_and_the_nodes_they_need() -> None:
     config = DeploymentConfig.create(autoscaling=True)
-    assert [config.replica_bounds(p) for p in ("prefill", "decode")] == [(1, 2), (1, 2)]
+    assert [config.replica_bounds(p) for p in (Phase.PREFILL, Phase.DECODE)] == [(1, 2), (1, 2)]
     (group,) = config.gpu_groups
     # One GPU per g6.8xlarge: 1 + 1 replicas at least, 2 + 2 at most.
     assert (group.node_count, group.node_bounds) == (2, (2, 4))
-    assert config.target_ongoing_requests("prefill") == 4 and config.target_ongoing_requests("decode") == 8
+    assert config.target_ongoing_requests(Phase.PREFILL) == 4 and config.target_ongoing_requests(Phase.DECODE) == 8
 
 
 def test_per_phase_bounds_default_to_what_each_phases_replicas_need() -> None:
@@ -71,7 +72,7 @@ def test_scale_to_zero_is_allowed_and_warned() -> None:
 
 def test_without_autoscaling_nothing_changes() -> None:
     config = DeploymentConfig.create()
-    assert config.replica_bounds("decode") == (1, 1)
+    assert config.replica_bounds(Phase.DECODE) == (1, 1)
     assert [g.node_bounds for g in config.gpu_groups] == [None]
 
 

@@ -13,6 +13,7 @@ from eks_pd_serving.gpu_node_group import EfaGpuNodeGroup
 from eks_pd_serving.layout import GpuGroup
 from eks_pd_serving.log_groups import LogGroups
 from eks_pd_serving.network import Network
+from eks_pd_serving.phase import Phase
 
 
 def alone() -> tuple[cdk.Stack, Network, LogGroups, EksCluster]:
@@ -32,7 +33,7 @@ def alone() -> tuple[cdk.Stack, Network, LogGroups, EksCluster]:
 
 def test_network_cluster_and_an_efa_group_from_their_own_props() -> None:
     stack, network, _, eks = alone()
-    group = GpuGroup("decode", ("decode",), "g6e.8xlarge", 3)
+    group = GpuGroup(Phase.DECODE, (Phase.DECODE,), "g6e.8xlarge", 3)
     EfaGpuNodeGroup(
         stack, group.construct_id, group=group, cluster=eks.cluster, vpc=network.vpc, subnet=network.gpu_subnet
     )

@@ -17,6 +17,7 @@ from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.k8s import RayServiceChart
 from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.mapping import ray_service_props
+from eks_pd_serving.phase import PHASES, Phase
 from eks_pd_serving.weights import node_cache
 
 WEIGHTS_URI = "s3://model-weights/models/Qwen/Qwen3.5-9B/main"
@@ -100,7 +101,7 @@ def test_engines_load_the_nodes_copy_filled_from_the_staged_weights() -> None:
     service = rendered()
     config = yaml.safe_load(service["spec"]["serveConfigV2"])
     folder = f"{node_cache.CACHE_PATH}/weights/Qwen--Qwen3.5-9B/main"
-    for phase in ("prefill", "decode"):
+    for phase in PHASES:
         llm = layout.llm_config(config, phase)
         assert llm["model_loading_config"]["model_source"] == folder
         assert llm["callback_config"] == {
@@ -138,14 +139,14 @@ def test_compile_caches_are_keyed_by_the_image() -> None:
 
 def test_weights_from_the_hub_keep_the_hubs_cache_on_the_node() -> None:
     service = rendered(weights_uri=None, weights_source="huggingface")
-    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), "decode")
+    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), Phase.DECODE)
     assert llm["model_loading_config"]["model_source"] == "Qwen/Qwen3.5-9B" and "callback_config" not in llm
     assert compile_env(service)["HF_HUB_CACHE"] == f"{node_cache.CACHE_PATH}/huggingface"
 
 
 def test_without_the_node_cache_the_engines_read_s3_as_before() -> None:
     service = rendered(node_cache=False)
-    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), "decode")
+    llm = layout.llm_config(yaml.safe_load(service["spec"]["serveConfigV2"]), Phase.DECODE)
     assert llm["model_loading_config"]["model_source"] == WEIGHTS_URI and "callback_config" not in llm
     spec, _ = worker(service)
     assert compile_env(service) == {} and all("hostPath" not in v for v in spec["volumes"])

@@ -16,6 +16,7 @@ from support import logical_id, new_app, ray_service, serve_args, synth_assembly
 from eks_pd_serving.config import ConfigError, ConstructError, DeploymentConfig
 from eks_pd_serving.k8s import serve_config as layout
 from eks_pd_serving.pd_serving import PdServing
+from eks_pd_serving.phase import Phase
 from rehearsal import profile
 from stacks.pd_serving_stack import PdServingStack
 
@@ -123,7 +124,7 @@ def test_gpus_must_add_up_per_phase(settings: dict[str, Any], message: str) -> N
 
 def test_sizing_uses_each_phases_gpu() -> None:
     config = DeploymentConfig.from_context(PER_PHASE)
-    prefill, decode = config.sizing("prefill"), config.sizing("decode")
+    prefill, decode = config.sizing(Phase.PREFILL), config.sizing(Phase.DECODE)
     assert prefill is not None and decode is not None
     assert prefill.gpu_bytes == 45776 * 1024**2 and decode.gpu_bytes == 22888 * 1024**2
 
@@ -132,7 +133,7 @@ def test_rehearsal_config_path_keeps_the_phase_pinning(tmp_path: Path) -> None:
     template = synth_assembly(tmp_path, nag=False, **PER_PHASE)
     deployed = profile.serve_config(profile.ray_service_from_template(template))
     rehearsed = profile.local_profile(deployed, Path("/ckpt"))
-    prefill, decode = (layout.llm_config(rehearsed, phase) for phase in ("prefill", "decode"))
+    prefill, decode = (layout.llm_config(rehearsed, phase) for phase in (Phase.PREFILL, Phase.DECODE))
     assert prefill["placement_group_config"] == {"bundles": [{"CPU": 1, "prefill_gpu": 1}]}
     assert decode["placement_group_config"] == {"bundles": [{"CPU": 1, "decode_gpu": 1}]}
     assert profile.custom_resources(rehearsed) == {"prefill_gpu": 1.0, "decode_gpu": 1.0}

@@ -25,6 +25,7 @@ from eks_pd_serving.catalog import MODELS
 from eks_pd_serving.cli import cost, preflight, verify
 from eks_pd_serving.config import DeploymentConfig
 from eks_pd_serving.lifecycle.needs import named_log_groups
+from eks_pd_serving.phase import Phase
 
 FIXTURES = ROOT / "tests" / "fixtures" / "verify"
 CLEAN_ENV = {**NO_AWS_ENV, "COLUMNS": "200"}
@@ -115,7 +116,7 @@ def test_the_configured_engine_choice_is_the_synth_gates_figures(settings: dict[
     config = DeploymentConfig.from_context(settings)
     facts = MODELS[config.model_source]
     (chosen,) = [sizing for _, configured, sizing in engine_choices(config, facts) if configured]
-    assert chosen == config.sizing("decode", facts)
+    assert chosen == config.sizing(Phase.DECODE, facts)
 
 
 def test_sizing_from_a_config_json_that_does_not_fit(tmp_path: Path) -> None:

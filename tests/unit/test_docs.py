@@ -13,6 +13,7 @@ import pytest
 from eks_pd_serving.config.settings import SECTIONS, Settings
 from eks_pd_serving.fault_tolerance import runbook
 from eks_pd_serving.k8s import serve_config
+from eks_pd_serving.phase import Phase
 from tools import layout_tree, settings_reference
 
 
@@ -305,9 +306,9 @@ def test_the_failures_page_shows_the_runbooks_command_as_the_package_has_it() ->
     assert runbook.replace_decode_command("other") not in shown  # the check can fail
     # Decode's replicas in either layout: its own application, or Ray's one.
     for app in ("pd-decode", serve_config.APP_NAME):
-        name = f"{runbook.REPLICA_PREFIX}{app}#{serve_config.deployment_name('decode', 'qwen3.5-9b')}#abc"
+        name = f"{runbook.REPLICA_PREFIX}{app}#{serve_config.deployment_name(Phase.DECODE, 'qwen3.5-9b')}#abc"
         assert name.startswith(runbook.REPLICA_PREFIX) and runbook.DECODE_DEPLOYMENT in name
-    prefill = f"SERVE_REPLICA::pd-prefill#{serve_config.deployment_name('prefill', 'qwen3.5-9b')}#abc"
+    prefill = f"SERVE_REPLICA::pd-prefill#{serve_config.deployment_name(Phase.PREFILL, 'qwen3.5-9b')}#abc"
     assert runbook.DECODE_DEPLOYMENT not in prefill
 
 

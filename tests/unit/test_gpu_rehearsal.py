@@ -16,6 +16,7 @@ from support import ROOT, leaves
 
 from eks_pd_serving.catalog import MODELS
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 from eks_pd_serving.sizing import GIB, MIB
 from rehearsal import bench, gpu_profile, profile, qwen35_checkpoint, tiny_checkpoint
 
@@ -56,7 +57,7 @@ def test_the_deployed_s3_source_maps_back_to_its_catalogue_row(deployed: dict[st
     """issue 37: `emulate` on the default template raised KeyError on the s3:// model source."""
     from eks_pd_serving.weights import weights_prefix
 
-    prefill = layout.llm_config(deployed, "prefill")
+    prefill = layout.llm_config(deployed, Phase.PREFILL)
     source = profile.weights_source(prefill)  # the node cache fills the engines' folder from it
     assert source.startswith("s3://") and source not in MODELS
     assert gpu_profile.catalogue_source(source) == "Qwen/Qwen3.5-9B"
@@ -80,7 +81,7 @@ def test_two_gpus_change_only_model_kernels_and_backend(deployed: dict[str, Any]
             "runtime_env/env_vars/VLLM_DP_MASTER_PORT",
         )
     } | {"failover/short_prompt_tokens"}
-    decode = layout.llm_config(rehearsed, "decode")["engine_kwargs"]
+    decode = layout.llm_config(rehearsed, Phase.DECODE)["engine_kwargs"]
     assert decode["kv_transfer_config"]["kv_buffer_device"] == "cuda"
     assert decode["kv_transfer_config"]["kv_connector_extra_config"]["backends"] == ["UCX"]
     assert decode["language_model_only"] is True  # text-only as deployed
@@ -102,7 +103,7 @@ def test_one_gpu_is_shared_by_both_engines(deployed: dict[str, Any]) -> None:
     host = dataclasses.replace(H200, gpus=1)
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), host, dummy_weights=True)
     for side in gpu_profile.SIDES:
-        llm = layout.llm_config(rehearsed, side.removesuffix("_config"))
+        llm = layout.llm_config(rehearsed, Phase(side.removesuffix("_config")))
         assert llm["placement_group_config"]["bundles"][0]["GPU"] == 0.5
         assert llm["engine_kwargs"]["gpu_memory_utilization"] == gpu_profile.SHARED_GPU_UTILIZATION
     # Each engine's Ray worker asks for the bundle's half, not vLLM's default whole GPU.
@@ -132,7 +133,7 @@ def test_the_two_engines_on_one_host_probe_disjoint_tcpstore_ports(deployed: dic
     rehearsed = gpu_profile.gpu_profile(deployed, Path("/m"), dataclasses.replace(H200, gpus=1), dummy_weights=True)
     windows = []
     for side in gpu_profile.SIDES:
-        env = layout.llm_config(rehearsed, side.removesuffix("_config"))["runtime_env"]["env_vars"]
+        env = layout.llm_config(rehearsed, Phase(side.removesuffix("_config")))["runtime_env"]["env_vars"]
         base = int(env["VLLM_DP_MASTER_PORT"])
         windows.append(set(range(base + 100, base + 132)))
     prefill, decode = windows

@@ -14,6 +14,7 @@ from support import leaves
 from eks_pd_serving.endpoint import proxy
 from eks_pd_serving.fault_tolerance import kv_guard
 from eks_pd_serving.k8s import serve_config
+from eks_pd_serving.phase import Phase
 from rehearsal import profile, verdict
 
 
@@ -56,7 +57,7 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
     assert "+        model_source: /ckpt" in profile.diff(deployed, rehearsed)
     # With the local S3 the callback stays, filling a folder of this machine's node cache from it.
     staged = profile.local_profile(deployed, Path("/ckpt"), "s3://rehearsal-model-weights/models/q/main")
-    llm = serve_config.llm_config(staged, "decode")
+    llm = serve_config.llm_config(staged, Phase.DECODE)
     assert llm["callback_config"]["callback_kwargs"]["source"] == "s3://rehearsal-model-weights/models/q/main"
     assert llm["model_loading_config"]["model_source"] == str(
         profile.LOCAL_NODE_CACHE / "weights" / "Qwen--Qwen3.5-9B" / "main"

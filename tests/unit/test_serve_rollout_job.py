@@ -19,6 +19,7 @@ from support import FakeApiHandler, fake_api, ray_service, run_rollout_program
 
 from eks_pd_serving import rollout
 from eks_pd_serving.k8s import serve_config as layout
+from eks_pd_serving.phase import Phase
 
 NS, NAME, JOB = "inference", "ray-llm", "ray-llm-serve-rollout-abc-def"
 DIGEST = rollout.digest_annotation()  # the cluster config's, under recreate
@@ -160,7 +161,7 @@ def test_a_change_of_one_phase_is_one_step_and_no_change_none(api: Any, deployed
     base, state = api
     state.append(service := Service(deployed))
     target = copy.deepcopy(deployed)
-    layout.llm_config(target, "decode")["engine_kwargs"]["max_num_seqs"] = 7
+    layout.llm_config(target, Phase.DECODE)["engine_kwargs"]["max_num_seqs"] = 7
     ran = run(base, target)
     assert ran.returncode == 0 and len(service.patches) == 1 and "1/1: pd-decode" in ran.stdout
     state[:] = [service := Service(deployed)]
@@ -212,7 +213,7 @@ def test_the_package_plans_with_the_jobs_own_steps(deployed: Any, change: str) -
     if change == "both":
         target = both_phases_changed(deployed)
     elif change == "decode":
-        layout.llm_config(target, "decode")["engine_kwargs"]["max_num_seqs"] = 7
+        layout.llm_config(target, Phase.DECODE)["engine_kwargs"]["max_num_seqs"] = 7
     elif change == "layout":
         target["applications"] = target["applications"][1:]
     steps = rollout.rollout_steps(deployed, target)

@@ -30,6 +30,7 @@ from support import ROOT
 
 from eks_pd_serving.catalog import INSTANCE_TYPES, MODELS, ModelFacts
 from eks_pd_serving.config import ConfigError, DeploymentConfig
+from eks_pd_serving.phase import Phase
 from eks_pd_serving.sizing import GIB, VLLM_DEFAULT_MAX_NUM_SEQS, size
 
 QWEN = MODELS["Qwen/Qwen3.5-9B"]
@@ -41,7 +42,7 @@ AT_VLLMS_DEFAULT = {"prefill_max_num_seqs": 256, "decode_max_num_seqs": 256}
 
 def test_default_deployment_by_hand() -> None:
     """At vLLM's own max_num_seqs (256), what the recorded runs used."""
-    sizing = DeploymentConfig.create(**AT_VLLMS_DEFAULT).sizing("decode")
+    sizing = DeploymentConfig.create(**AT_VLLMS_DEFAULT).sizing(Phase.DECODE)
     assert sizing is not None
     assert sizing.gpu_bytes == 23_999_807_488
     assert sizing.usable_bytes == 21_599_826_739
@@ -112,14 +113,14 @@ def test_the_default_deployment_pins_max_num_seqs_to_what_its_kv_cache_holds() -
     """vLLM's default (256 sequences) sets the profiling peak at 1.00 GiB and leaves 48,034 KV tokens;
     pinned at the sizing's own figure (15 full-length sequences), the peak drops and the KV cache
     holds 62,557 tokens. At 16, what vLLM ran on 2026-12-01, the gate gives its figures exactly."""
-    decode = DeploymentConfig().sizing("decode")
+    decode = DeploymentConfig().sizing(Phase.DECODE)
     assert decode is not None and decode.max_num_seqs == 15 and decode.concurrency >= 15
     assert decode.kv_capacity_tokens == 62_557
-    at_256 = DeploymentConfig.create(decode_max_num_seqs=256).sizing("decode")
+    at_256 = DeploymentConfig.create(decode_max_num_seqs=256).sizing(Phase.DECODE)
     *_, blocks, block_tokens, tokens, _ = RECORDED["float32", "text only"]
     assert at_256 is not None and (at_256.num_blocks, at_256.block_tokens, at_256.kv_capacity_tokens) == (
         blocks, block_tokens, tokens)  # fmt: skip
-    at_16 = DeploymentConfig.create(decode_max_num_seqs=16).sizing("decode")
+    at_16 = DeploymentConfig.create(decode_max_num_seqs=16).sizing(Phase.DECODE)
     assert at_16 is not None and (at_16.num_blocks, at_16.kv_capacity_tokens) == (167, 62_184)
 
 
@@ -143,7 +144,7 @@ def test_a_dense_model_uses_16_token_blocks_in_one_group() -> None:
 
 def test_synth_rejects_what_vllm_would_refuse_to_start() -> None:
     # 32,768 tokens: 63 attention blocks + 3 = 66 per sequence; 129 blocks fit: concurrency 1.95.
-    longer = DeploymentConfig.create(max_model_len=32_768, **AT_VLLMS_DEFAULT).sizing("decode")
+    longer = DeploymentConfig.create(max_model_len=32_768, **AT_VLLMS_DEFAULT).sizing(Phase.DECODE)
     assert longer is not None and longer.max_concurrent_sequences == 1
     # 131,072 tokens: 249 + 3 = 252 blocks per sequence > 129.
     with pytest.raises(ConfigError, match=r"^max_model_len=131072 .* needs 252 KV blocks .* but only 129 fit"):
@@ -226,7 +227,7 @@ def test_cuda_graphs_refuse_more_sequences_than_mamba_blocks() -> None:
     with pytest.raises(ConfigError, match=r"^decode_max_num_seqs=60 with decode_enforce_eager=false: .* holds \d+ .*"
                                           r"Fix: set decode_max_num_seqs to at most"):  # fmt: skip
         DeploymentConfig.create(decode_enforce_eager=False, decode_max_num_seqs=60)
-    assert DeploymentConfig.create(decode_enforce_eager=False).sizing("decode").max_num_seqs == 6  # type: ignore[union-attr]
+    assert DeploymentConfig.create(decode_enforce_eager=False).sizing(Phase.DECODE).max_num_seqs == 6  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("quantization", ["none", "fp8"])
@@ -242,7 +243,7 @@ def test_every_engine_combination_is_built_or_refused_in_one_line(
     except ConfigError as error:
         assert "\n" not in str(error) and "Fix:" in str(error)
         return
-    sizing = config.sizing("decode")
+    sizing = config.sizing(Phase.DECODE)
     assert sizing is not None and not sizing.problems()
     assert sizing.max_num_seqs == (seqs or sizing.max_num_seqs) and sizing.max_num_seqs >= 1
 
@@ -257,5 +258,5 @@ def test_the_same_settings_are_refused_where_vllm_would_refuse_them() -> None:
 
 
 def test_more_memory_fits_more() -> None:
-    sizing = DeploymentConfig.create(gpu_instance_type="g6e.8xlarge").sizing("decode")
+    sizing = DeploymentConfig.create(gpu_instance_type="g6e.8xlarge").sizing(Phase.DECODE)
     assert sizing is not None and sizing.max_concurrent_sequences > 100

@@ -18,6 +18,7 @@ from rich.table import Table
 from ..catalog import GPU_MEMORY_BANDWIDTH_GBPS, ModelFacts, facts_from_config
 from ..config import DeploymentConfig
 from ..engine_choices import engine_choices
+from ..phase import PHASES, Phase
 from ..sizing import GIB, Sizing
 from ._common import add_config_arguments, console, load_config, table
 from .cost import PRICES
@@ -40,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"{config.model_source} is not in the model catalog. Fix: pass --config-json <its config.json>")
         return 2
     ok = True
-    for phase in ("prefill", "decode"):
+    for phase in PHASES:
         sizing = config.sizing(phase, facts)
         assert sizing is not None
         console.print(
@@ -99,7 +100,7 @@ def cold_start(config: DeploymentConfig, facts: ModelFacts) -> list[str]:
 def what_if(config: DeploymentConfig, facts: ModelFacts) -> Table:
     """Decode's figures for each weight format and graph mode on its GPU, the configured one
     marked; the step-time floor is an estimate (bytes read per step over the memory bandwidth)."""
-    group = config.gpu_group("decode")
+    group = config.gpu_group(Phase.DECODE)
     bandwidth = GPU_MEMORY_BANDWIDTH_GBPS.get(group.instance.gpu_name)
     rows = []
     for label, chosen, sizing in engine_choices(config, facts):

@@ -56,6 +56,7 @@ from ..k8s.names import LOCK_DOWN_POLICIES, RAY_EGRESS_POLICY, endpoint_service_
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..observability import CONTAINER_INSIGHTS, EFA_RX_BYTES, LIBFABRIC_LINE, UCX_LINE, replica_start
 from ..observability import catalogue as om
+from ..phase import PHASES, Phase
 from ._common import add_config_arguments, console, load_config, table
 
 LIBFABRIC = LIBFABRIC_LINE
@@ -426,14 +427,14 @@ def check_served_models(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -
         entry
         for app in apps.values()
         for entry in (((app.get("deployed_app_config") or {}).get("args") or {}).get("models") or [])
-        if isinstance(entry, dict) and "prefill" in entry and "decode" in entry
+        if isinstance(entry, dict) and all(phase in entry for phase in PHASES)
     ]
     if not models:
         return [check_replica_placement(serve_apps, pod_nodes)]
     checks = []
     for entry in models:
         problems, nodes, pairs = [], {}, {}
-        for phase in ("prefill", "decode"):
+        for phase in PHASES:
             name = entry[phase]["app"]
             app = apps.get(name)
             if app is None:
@@ -447,12 +448,12 @@ def check_served_models(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -
             replicas = deployment.get("replicas") or []
             nodes[phase] = {pod_nodes.get(str(r.get("node_ip")), f"ip {r.get('node_ip')}") for r in replicas}
             pairs[phase] = ((app.get("deployed_app_config") or {}).get("args") or {}).get("pair")
-        if len(pairs) == 2 and pairs["prefill"] != pairs["decode"]:
+        if len(pairs) == 2 and pairs[Phase.PREFILL] != pairs[Phase.DECODE]:
             problems.append(
-                f"pair keys differ (prefill {pairs['prefill']}, decode {pairs['decode']}): decode refuses "
+                f"pair keys differ (prefill {pairs[Phase.PREFILL]}, decode {pairs[Phase.DECODE]}): decode refuses "
                 "prefill's KV until both serve one config"
             )
-        shared = nodes.get("prefill", set()) & nodes.get("decode", set())
+        shared = nodes.get(Phase.PREFILL, set()) & nodes.get(Phase.DECODE, set())
         if shared:
             problems.append(f"prefill and decode both on {sorted(shared)}")
         placed = ", ".join(f"{phase} on {sorted(found)}" for phase, found in nodes.items())

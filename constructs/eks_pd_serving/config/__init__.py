@@ -4,6 +4,7 @@
     fields.py    rules on one value
     rules.py     rules across settings
     phases.py    one typed view of a phase's settings
+    served_models.py  one typed value per served model (ModelChoice): model_source's, then served_models'
     derived.py   facts derived from the settings (functions of Settings: no import cycle)
     model.py     DeploymentConfig: the above validated once, derived facts as methods, context parsing
     errors.py    ConfigError (a setting), ConstructError (a construct's props, with its path)

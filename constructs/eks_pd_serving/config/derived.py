@@ -13,8 +13,10 @@ from .. import layout, versions
 from ..capacity.checks import ReservedGroup
 from ..catalog import MODELS, ModelFacts, facts_from_config
 from ..layout import GpuGroup
+from ..phase import Phase
 from ..sizing import Sizing, size
 from .phases import phase_settings
+from .served_models import ModelChoice
 from .settings import DEFAULT_MAX_REPLICAS, DEFAULT_MIN_REPLICAS, DEFAULT_TARGET_ONGOING_REQUESTS, Settings
 
 
@@ -24,6 +26,21 @@ def model_facts(s: Settings) -> ModelFacts | None:
     if s.model_config_json:
         return _facts_from_file(s.model_config_json)
     return MODELS.get(s.model_source)
+
+
+def served_models(s: Settings) -> tuple[ModelChoice, ...]:
+    """Every served model, the settings' own first (``model_id``, ``model_source``,
+    ``model_revision``), then ``served_models``' entries in their order."""
+    first = ModelChoice(s.model_id, s.model_source, s.model_revision)
+    return (first, *(ModelChoice.parse(entry) for entry in s.served_models))
+
+
+def facts_of(s: Settings, choice: ModelChoice) -> ModelFacts | None:
+    """A served model's facts: the first model's as ``model_facts`` finds them (``model_config_json``
+    may describe it), any other's from the catalogue; None outside it (the rules refuse that)."""
+    if choice == served_models(s)[0]:
+        return model_facts(s)
+    return MODELS.get(choice.repository)
 
 
 @functools.lru_cache(maxsize=16)
@@ -53,7 +70,7 @@ def api_keys_on(s: Settings) -> bool:
     return internal_endpoint(s) if s.api_keys is None else s.api_keys
 
 
-def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:
+def replica_bounds(s: Settings, phase: Phase) -> tuple[int, int]:
     """(fewest, most) replicas of ``phase``: the min/max settings with autoscaling (defaults
     1 and 2), else the fixed count twice."""
     p = phase_settings(s, phase)
@@ -63,15 +80,17 @@ def replica_bounds(s: Settings, phase: str) -> tuple[int, int]:
     return low, DEFAULT_MAX_REPLICAS if p.max_replicas is None else p.max_replicas
 
 
-def target_ongoing_requests(s: Settings, phase: str) -> float:
+def target_ongoing_requests(s: Settings, phase: Phase) -> float:
     chosen = phase_settings(s, phase).target_ongoing_requests
     return float(DEFAULT_TARGET_ONGOING_REQUESTS[phase] if chosen is None else chosen)
 
 
-def gpus_for(s: Settings, phase: str, bound: int = 0) -> int:
-    """GPUs ``phase`` takes at its fewest (``bound=0``) or most (``bound=1``) replicas; the same
-    without autoscaling."""
-    return replica_bounds(s, phase)[bound] * phase_settings(s, phase).tensor_parallel_size
+def gpus_for(s: Settings, phase: Phase, bound: int = 0) -> int:
+    """GPUs the ``phase`` engines of every served model take at their fewest (``bound=0``) or most
+    (``bound=1``) replicas; the same without autoscaling. Each model has the phase's replicas and
+    tensor-parallel size."""
+    each = replica_bounds(s, phase)[bound] * phase_settings(s, phase).tensor_parallel_size
+    return each * len(served_models(s))
 
 
 def _groups(s: Settings, with_counts: bool) -> list[GpuGroup]:
@@ -93,7 +112,7 @@ def _node_bounds(s: Settings) -> dict[str, tuple[int, int]]:
         if group.shared:
             low, high = s.gpu_min_node_count, s.gpu_max_node_count
         else:
-            p = phase_settings(s, group.name)
+            p = phase_settings(s, group.phases[0])
             low, high = p.gpu_min_node_count, p.gpu_max_node_count
         bounds[group.name] = (needed[0] if low is None else low, max(needed[1], 1) if high is None else high)
     return bounds
@@ -104,7 +123,7 @@ def gpu_groups(s: Settings) -> list[GpuGroup]:
     return _groups(s, with_counts=True)
 
 
-def gpu_group(s: Settings, phase: str) -> GpuGroup:
+def gpu_group(s: Settings, phase: Phase) -> GpuGroup:
     return next(group for group in gpu_groups(s) if phase in group.phases)
 
 
@@ -112,7 +131,7 @@ def _phase_capacity(s: Settings, group: GpuGroup) -> str | None:
     """A per_phase group's own capacity setting, None where it defaults to ``gpu_capacity``."""
     if group.shared:
         return None
-    return s.prefill_capacity if group.name == "prefill" else s.decode_capacity
+    return s.prefill_capacity if group.phases == (Phase.PREFILL,) else s.decode_capacity
 
 
 def capacity_setting(s: Settings, group: GpuGroup) -> str:
@@ -147,7 +166,7 @@ def reserved_groups(s: Settings) -> list[ReservedGroup]:
 
 def type_setting(s: Settings, group: GpuGroup) -> str:
     """The setting that chose a group's instance type (error messages name it)."""
-    if group.shared or phase_settings(s, group.name).gpu_instance_type is None:
+    if group.shared or phase_settings(s, group.phases[0]).gpu_instance_type is None:
         return "gpu_instance_type"
     return f"{group.name}_gpu_instance_type"
 
@@ -165,7 +184,7 @@ def bound_settings(group: GpuGroup) -> tuple[str, str]:
 
 def sizing(
     s: Settings,
-    phase: str,
+    phase: Phase,
     facts: ModelFacts | None = None,
     *,
     quantization: str | None = None,

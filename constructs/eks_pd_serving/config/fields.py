@@ -13,6 +13,7 @@ from pydantic import BaseModel, field_validator
 
 from .. import layout, versions
 from ..catalog import INSTANCE_TYPES, LOG_RETENTION_DAYS, InstanceFacts, efa_plugin_instance_types
+from .served_models import ModelChoice
 
 EKS_NAME = re.compile(r"^[0-9A-Za-z][A-Za-z0-9_-]{0,99}$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -53,7 +54,12 @@ class FieldRules(BaseModel):
     """The validators, one per kind of value; DeploymentConfig inherits them with the fields."""
 
     @field_validator(
-        "availability_zones", "endpoint_allowed_cidrs", "endpoint_client_cidrs", mode="before", check_fields=False
+        "availability_zones",
+        "endpoint_allowed_cidrs",
+        "endpoint_client_cidrs",
+        "served_models",
+        mode="before",
+        check_fields=False,
     )
     @classmethod
     def _split_list(cls, value: Any) -> Any:
@@ -99,6 +105,14 @@ class FieldRules(BaseModel):
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
         return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("served_models", check_fields=False)
+    @classmethod
+    def _served_models(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        """Each entry parses (``ModelChoice``); kept as written, so the settings round-trip."""
+        for entry in value:
+            ModelChoice.parse(entry)
+        return value
 
     @field_validator("cluster_name", check_fields=False)
     @classmethod

@@ -20,11 +20,13 @@ from pydantic import ValidationError, model_validator
 from .. import layout, versions
 from ..catalog import ModelFacts
 from ..layout import GpuGroup
+from ..phase import Phase
 from ..sizing import Sizing, root_volume_needed_gib
 from . import derived, rules
 from .errors import ConfigError
 from .fields import FieldRules
 from .phases import PhaseSettings, phase_settings
+from .served_models import ModelChoice
 from .settings import Settings
 
 # Our context keys are snake_case; CDK's own (feature flags, aws:cdk:*) never are.
@@ -44,13 +46,21 @@ class DeploymentConfig(Settings, FieldRules):
     def model_facts(self) -> ModelFacts | None:
         return derived.model_facts(self)
 
-    def phase(self, phase: str) -> PhaseSettings:
-        """The settings of one phase, typed (``prefill`` or ``decode``)."""
+    @property
+    def models(self) -> tuple[ModelChoice, ...]:
+        """Every served model: the settings' own first, then ``served_models``' entries."""
+        return derived.served_models(self)
+
+    def facts_of(self, choice: ModelChoice) -> ModelFacts | None:
+        return derived.facts_of(self, choice)
+
+    def phase(self, phase: Phase) -> PhaseSettings:
+        """The settings of one phase, typed."""
         return phase_settings(self, phase)
 
     def sizing(
         self,
-        phase: str,
+        phase: Phase,
         facts: ModelFacts | None = None,
         *,
         quantization: str | None = None,
@@ -58,13 +68,13 @@ class DeploymentConfig(Settings, FieldRules):
     ) -> Sizing | None:
         return derived.sizing(self, phase, facts, quantization=quantization, enforce_eager=enforce_eager)
 
-    def replica_bounds(self, phase: str) -> tuple[int, int]:
+    def replica_bounds(self, phase: Phase) -> tuple[int, int]:
         return derived.replica_bounds(self, phase)
 
-    def target_ongoing_requests(self, phase: str) -> float:
+    def target_ongoing_requests(self, phase: Phase) -> float:
         return derived.target_ongoing_requests(self, phase)
 
-    def gpus_for(self, phase: str, bound: int = 0) -> int:
+    def gpus_for(self, phase: Phase, bound: int = 0) -> int:
         return derived.gpus_for(self, phase, bound)
 
     @property
@@ -79,13 +89,13 @@ class DeploymentConfig(Settings, FieldRules):
 
     @property
     def gpus_wanted(self) -> int:
-        return self.gpus_for("prefill") + self.gpus_for("decode")
+        return sum(self.gpus_for(phase) for phase in layout.PHASES)
 
     @property
     def gpu_groups(self) -> list[GpuGroup]:
         return derived.gpu_groups(self)
 
-    def gpu_group(self, phase: str) -> GpuGroup:
+    def gpu_group(self, phase: Phase) -> GpuGroup:
         return derived.gpu_group(self, phase)
 
     def capacity_of(self, group: GpuGroup) -> layout.GpuCapacity:

@@ -8,13 +8,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .. import versions
-from ..catalog import GATED, INSTANCE_TYPES, MODELS
-from ..layout import PHASES, RAY_HEAD_CPU_M, GpuGroup
+from ..catalog import GATED, INSTANCE_TYPES, MODELS, ModelFacts
+from ..layout import RAY_HEAD_CPU_M, GpuGroup
 from ..lifecycle.needs import RAY_AUTOSCALER_DEFAULT_CPU_M, allocatable_cpu_m
+from ..phase import PHASES, Phase
 from ..sizing import GIB, IMAGE_DISK_GIB, checkpoint_bytes, root_volume_needed_gib
 from . import derived
 from .fields import az_region
 from .phases import phase_settings
+from .served_models import MOST_MODELS, app_prefixes
 from .settings import Settings
 
 # Without availability_zones the VPC spans the region's first two AZs.
@@ -208,7 +210,7 @@ def _check_capacity(config: Settings) -> None:
             )
     for group in derived.gpu_groups(config):
         capacity, key = derived.gpu_capacity(config, group), derived.capacity_setting(config, group)
-        if capacity.kind == "spot" and "decode" in group.phases:
+        if capacity.kind == "spot" and Phase.DECODE in group.phases:
             raise ValueError(
                 f"{key}='spot' for the group that runs decode: a spot interruption ends every stream it holds. "
                 "Fix: set gpu_layout=per_phase and prefill_capacity=spot, keeping decode on-demand or reserved"
@@ -302,6 +304,8 @@ def _gpu_shortfall(config: Settings, group: GpuGroup, bound: int | None = None) 
         f"{phase_replicas} x {p}_tensor_parallel_size={phase_settings(config, p).tensor_parallel_size}"
         for phase_replicas, p in zip(replicas, group.phases, strict=True)
     )
+    if (models := len(derived.served_models(config))) > 1:
+        asked, lower = f"({asked}) x {models} served models", f"{lower} or serve fewer models (served_models)"
     return ValueError(
         f"{asked} needs {wanted} GPUs{at}, but {shown} x {group.instance_type} has {nodes * per_node}. "
         f"Fix: raise {key} to {-(-wanted // per_node)} or lower {lower}"
@@ -344,13 +348,61 @@ def _check_model(config: Settings) -> None:
             "cluster half an hour into the deploy. Fix: set model_config_json to the model's config.json from "
             "its Hugging Face repository"
         )
+    _check_fit(config, facts, config.model_source)
+
+
+def _check_served_models(config: Settings) -> None:
+    """Each entry of ``served_models``: an id of its own, a catalogue model (synth sizes it), one
+    that fits each phase's GPU with the engine settings, and a Hub token where it is gated. Its
+    GPUs are counted with the others' by ``_check_gpus``."""
+    chosen = derived.served_models(config)
+    if len(chosen) > MOST_MODELS:
+        raise ValueError(
+            f"served_models names {len(chosen) - 1} models; with model_source that is {len(chosen)}, and one "
+            f"RayService serves at most {MOST_MODELS} (each phase's NIXL ports). Fix: serve fewer models"
+        )
+    if len(chosen) > 1 and not config.pd_failover:
+        raise ValueError(
+            "served_models needs pd_failover=true: several models are served as applications of their own behind "
+            "the failover's one ingress (Ray's build_pd_openai_app serves one). Fix: set pd_failover=true, or "
+            "empty served_models"
+        )
+    for key, taken in (("model id", [c.model_id for c in chosen]), ("Serve application prefix", app_prefixes(chosen))):
+        for index, value in enumerate(taken[1:], start=1):
+            if value in taken[:index]:
+                raise ValueError(
+                    f"served_models entry {chosen[index]} has the {key} {value!r} of "
+                    f"{chosen[taken.index(value)]}. Fix: give it a model_id of its own"
+                )
+    for choice in chosen[1:]:
+        entry = f"served_models entry {choice}"
+        facts = derived.facts_of(config, choice)
+        if facts is None:
+            raise ValueError(
+                f"{entry}: {choice.repository} is not in the model catalogue ({', '.join(MODELS)}), so synth cannot "
+                "size it. Fix: serve a catalogue model there, or serve this one as model_source with model_config_json"
+            )
+        if choice.repository in GATED and not (config.weights_source == "s3" and config.hf_token_secret):
+            raise ValueError(
+                f"{entry}: {choice.repository} is gated on the Hugging Face Hub and needs a token. Fix: set "
+                "weights_source=s3 and hf_token_secret"
+            )
+        try:
+            _check_fit(config, facts, choice.repository)
+            _check_pd_facts(config, facts)
+        except ValueError as error:
+            raise ValueError(f"{entry}: {error}") from None
+
+
+def _check_fit(config: Settings, facts: ModelFacts, source: str) -> None:
+    """``source`` (its ``facts``) at max_model_len, on each phase's GPU with its engine settings."""
     if config.max_model_len > facts.max_model_len:
         raise ValueError(
-            f"max_model_len={config.max_model_len} exceeds {config.model_source}'s own maximum "
+            f"max_model_len={config.max_model_len} exceeds {source}'s own maximum "
             f"of {facts.max_model_len}. Fix: set max_model_len to at most {facts.max_model_len}"
         )
     for phase in PHASES:
-        sizing = derived.sizing(config, phase)
+        sizing = derived.sizing(config, phase, facts)
         assert sizing is not None
         group, tp = derived.gpu_group(config, phase), phase_settings(config, phase).tensor_parallel_size
         type_key = derived.type_setting(config, group)
@@ -411,8 +463,11 @@ def _check_pd_compatibility(config: Settings) -> None:
     and 8 always divide each other, which the handshake also asserts; the model, dtype and KV-cache
     dtype are one setting for both phases, so the compatibility hash cannot differ."""
     facts = derived.model_facts(config)
-    if facts is None:
-        return
+    if facts is not None:
+        _check_pd_facts(config, facts)
+
+
+def _check_pd_facts(config: Settings, facts: ModelFacts) -> None:
     prefill_tp, decode_tp = config.prefill_tensor_parallel_size, config.decode_tensor_parallel_size
     if facts.hybrid and prefill_tp != decode_tp:
         raise ValueError(
@@ -443,6 +498,7 @@ RULES: tuple[Callable[[Settings], None], ...] = (
     _check_capacity,
     _check_gpus,
     _check_model,
+    _check_served_models,
     _check_root_volume,
     _check_gated_model,
     _check_pd_compatibility,

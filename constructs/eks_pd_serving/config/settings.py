@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .. import versions
 from ..catalog import LOG_RETENTION_DAYS
 from ..layout import DEFAULT_PHASE_NODE_COUNT
+from ..phase import Phase
 from .fields import NIXL_NETWORK_BACKENDS
 
 # Autoscaling defaults: one replica of each phase always warm, a second when load asks for it.
@@ -17,7 +18,7 @@ DEFAULT_MIN_REPLICAS = 1
 DEFAULT_MAX_REPLICAS = 2
 # Prefill requests last one forward pass of the prompt; decode streams last the whole answer and
 # a replica holds many (the default L4 engine fits the concurrency `sizing` prints, about 15).
-DEFAULT_TARGET_ONGOING_REQUESTS = {"prefill": 4, "decode": 8}
+DEFAULT_TARGET_ONGOING_REQUESTS = {Phase.PREFILL: 4, Phase.DECODE: 8}
 
 
 def _hint(text: str, *, means: str | None = None) -> dict[str, Any]:
@@ -289,7 +290,9 @@ class Settings(BaseModel):
             "autoscaling only: requests in flight per prefill replica that Serve scales towards (a prefill "
             "request lasts one forward pass of the prompt)."
         ),
-        json_schema_extra=_hint("a number above 0, such as 4", means=str(DEFAULT_TARGET_ONGOING_REQUESTS["prefill"])),
+        json_schema_extra=_hint(
+            "a number above 0, such as 4", means=str(DEFAULT_TARGET_ONGOING_REQUESTS[Phase.PREFILL])
+        ),
     )
     decode_target_ongoing_requests: float | None = Field(
         None,
@@ -298,7 +301,9 @@ class Settings(BaseModel):
             "autoscaling only: streams in flight per decode replica that Serve scales towards; keep it below "
             "the sizing's concurrency (`python -m eks_pd_serving sizing` prints it)."
         ),
-        json_schema_extra=_hint("a number above 0, such as 8", means=str(DEFAULT_TARGET_ONGOING_REQUESTS["decode"])),
+        json_schema_extra=_hint(
+            "a number above 0, such as 8", means=str(DEFAULT_TARGET_ONGOING_REQUESTS[Phase.DECODE])
+        ),
     )
     gpu_min_node_count: int | None = Field(
         None,
@@ -403,6 +408,18 @@ class Settings(BaseModel):
             "Only the staging job reads it; it never appears in the template, the serve config or a pod."
         ),
         json_schema_extra=_hint("a secret name such as hf/token, or its ARN", means="no token: public models only"),
+    )
+    served_models: tuple[str, ...] = Field(
+        (),
+        description=(
+            "More models served behind the same endpoint, each model_id=repository@revision (a catalogue model): "
+            "each gets prefill and decode engines of its own with the Engines settings, sized for its own "
+            "checkpoint, on the same GPU groups (they must hold every model's GPUs: raise gpu_node_count), its "
+            "weights loaded as model_source's are (weights_source). Clients choose by the model field."
+        ),
+        json_schema_extra=_hint(
+            "entries model_id=repository@revision such as qwen3-8b=Qwen/Qwen3-8B@main, comma-separated"
+        ),
     )
     model_bucket_removal: Literal["destroy", "retain"] = Field(
         "destroy",
@@ -729,7 +746,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Model and weights": (
         "model_id", "model_source", "model_config_json", "model_revision", "weights_source",
-        "hf_token_secret", "model_bucket_removal", "max_model_len", "dtype", "multimodal",
+        "hf_token_secret", "served_models", "model_bucket_removal", "max_model_len", "dtype", "multimodal",
     ),
     "Engines": (
         "gpu_memory_utilization", "quantization", "prefill_enforce_eager", "decode_enforce_eager",

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .serve_config import PHASES
+from ..phase import PHASES, Phase
 from .specs import RayServiceProps, ServedModel, WorkerGroupSpec
 
 
 @dataclass(frozen=True)
 class PhaseDemand:
     model: str
-    phase: str
+    phase: Phase
     replicas: int
     tensor_parallel_size: int
     #: The Ray resource that pins it to a group; None: any GPU group.
@@ -34,7 +34,7 @@ def demands(models: Sequence[ServedModel]) -> list[PhaseDemand]:
     found = []
     for served in models:
         for phase in PHASES:
-            engine = served.prefill if phase == "prefill" else served.decode
+            engine = served.engine(phase)
             found.append(
                 PhaseDemand(
                     served.model.model_id,

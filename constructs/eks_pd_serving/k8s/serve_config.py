@@ -25,18 +25,17 @@ from typing import Any
 
 import yaml
 
+from ..phase import PHASES, Phase
 from .specs import EngineSpec, FailoverSpec, KvTransferSpec, ModelSpec, NodeCacheSpec, ServedModel, Weights
 
 APP_NAME = "pd-openai"
 IMPORT_PATH = "ray.serve.llm:build_pd_openai_app"
 KV_CONNECTOR = "NixlConnector"
-# vLLM >= 0.30 deprecates kv_both for NixlConnector: prefill produces, decode consumes.
-_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer"}
 # Each phase's NIXL side channels from a port of its own: Ray's NIXL backend binds base + the
 # replica's rank in its deployment (``kv_transfer/nixl.py``, ``experimental_configs``, default
 # 20000 for both), so a prefill and a decode replica of rank 0 on one pod would both bind 20000;
 # the loser's listener dies (seen in the CPU rehearsal once the phases were two applications).
-NIXL_PORT_BASES = {"prefill": 20000, "decode": 21000}
+NIXL_PORT_BASES = {Phase.PREFILL: 20000, Phase.DECODE: 21000}
 # Each served model's engines from a window of their own inside their phase's range: two models'
 # prefill replicas of rank 0 on one node (a node of several GPUs, or one host in the CPU rehearsal)
 # would otherwise both bind the phase's base (the two-model rehearsal's second prefill lost its
@@ -45,15 +44,13 @@ NIXL_MODEL_WINDOW = 100
 NIXL_PHASE_RANGE = 1000
 
 
-def nixl_port_base(phase: str, model_index: int) -> int:
+def nixl_port_base(phase: Phase, model_index: int) -> int:
     """The NIXL side-channel base of the ``model_index``-th served model's ``phase`` engines."""
     return NIXL_PORT_BASES[phase] + model_index * NIXL_MODEL_WINDOW
 
 
-PHASES = ("prefill", "decode")
 # Ray's deployment names: build_llm_deployment's prefix and the model id with "/" and "." replaced
 # (``_get_deployment_name`` in ray/llm/_internal/serve/core/server/builder.py, Ray 2.58).
-_PREFIXES = {"prefill": "Prefill:", "decode": "Decode:"}
 INGRESS_DEPLOYMENT = "OpenAiIngress"
 #: The ingress's replicas (on any Ray pod with a CPU): two, so its own restart (a model added, a
 #: model's max_model_len changed) stops one at a time and the proxies route to the other.
@@ -101,17 +98,17 @@ def _timing(engine: EngineSpec) -> dict[str, Any]:
     }
 
 
-def _kv_transfer_config(phase: str, kv: KvTransferSpec) -> dict[str, Any]:
+def _kv_transfer_config(phase: Phase, kv: KvTransferSpec) -> dict[str, Any]:
     # No engine_id: Ray's NIXL backend then gives each engine start a fresh one (a random suffix,
     # host and port, engines/vllm/kv_transfer/nixl.py), so a restarted prefill is a new peer to
     # decode. A fixed id made the replacement on the same pod the dead peer's namesake.
     config: dict[str, Any] = {
         "kv_connector": KV_CONNECTOR,
-        "kv_role": _ROLES[phase],
+        "kv_role": phase.kv_role,
         "kv_buffer_device": kv.buffer_device,
         "kv_connector_extra_config": {"backends": [kv.backend]},
     }
-    if phase == "decode":
+    if phase is Phase.DECODE:
         # Only the consumer loads KV: what it does with blocks it could not pull.
         config["kv_load_failure_policy"] = kv.load_failure_policy
     return config
@@ -126,7 +123,7 @@ def engine_source(weights: Weights, node_cache: NodeCacheSpec | None) -> str:
 
 
 def build_llm_config(
-    phase: str,
+    phase: Phase,
     model: ModelSpec,
     engine: EngineSpec,
     kv: KvTransferSpec,
@@ -182,17 +179,17 @@ def build_pd_serving_args(
 ) -> dict[str, Any]:
     """The ``args`` of ``build_pd_openai_app`` (Ray's ``PDServingArgs``)."""
     return {
-        "prefill_config": build_llm_config("prefill", model, prefill, kv, node_cache),
-        "decode_config": build_llm_config("decode", model, decode, kv, node_cache),
+        "prefill_config": build_llm_config(Phase.PREFILL, model, prefill, kv, node_cache),
+        "decode_config": build_llm_config(Phase.DECODE, model, decode, kv, node_cache),
     }
 
 
-def deployment_name(phase: str, model_id: str) -> str:
-    """The phase's deployment as Ray's ``build_llm_deployment`` names it."""
-    return _PREFIXES[phase] + model_id.replace("/", "--").replace(".", "_")
+def deployment_name(phase: Phase, model_id: str) -> str:
+    """The phase's deployment as Ray's ``build_llm_deployment`` names it ("Prefill:", "Decode:")."""
+    return f"{phase.title()}:" + model_id.replace("/", "--").replace(".", "_")
 
 
-def app_name(served: ServedModel, phase: str) -> str:
+def app_name(served: ServedModel, phase: Phase) -> str:
     return f"{served.name}-{phase}"
 
 
@@ -222,9 +219,9 @@ def _failover_settings(failover: FailoverSpec) -> dict[str, Any]:
 
 
 def _phase_app(
-    served: ServedModel, phase: str, failover: FailoverSpec, node_cache: NodeCacheSpec | None, index: int
+    served: ServedModel, phase: Phase, failover: FailoverSpec, node_cache: NodeCacheSpec | None, index: int
 ) -> dict[str, Any]:
-    engine = served.prefill if phase == "prefill" else served.decode
+    engine = served.engine(phase)
     model, kv = served.model, served.kv
     llm = build_llm_config(phase, model, engine, kv, node_cache, replicas_in_args=False, model_index=index)
     args: dict[str, Any] = {
@@ -238,8 +235,9 @@ def _phase_app(
         "autoscaling_config": _autoscaling(engine),
         **_timing(engine),
     }
-    if phase == "decode":
-        args["prefill"] = {"app": app_name(served, "prefill"), "deployment": deployment_name("prefill", model.model_id)}
+    if phase is Phase.DECODE:
+        prefill = Phase.PREFILL
+        args[prefill.value] = {"app": app_name(served, prefill), "deployment": deployment_name(prefill, model.model_id)}
         overrides["user_config"] = _failover_settings(failover)
     return {
         "name": app_name(served, phase),
@@ -258,8 +256,11 @@ def _ingress_app(models: Sequence[ServedModel], failover: FailoverSpec) -> dict[
             "adapters": False,
             **({"trust_request_chat_template": True} if served.model.trust_request_chat_template else {}),
             **{
-                phase: {"app": app_name(served, phase), "deployment": deployment_name(phase, served.model.model_id)}
-                for phase in ("decode", "prefill")
+                phase.value: {
+                    "app": app_name(served, phase),
+                    "deployment": deployment_name(phase, served.model.model_id),
+                }
+                for phase in reversed(PHASES)  # decode first, as the ingress reads them
             },
         }
         for served in models
@@ -305,7 +306,8 @@ def build_serve_config(models: Sequence[ServedModel], node_cache: NodeCacheSpec 
             f"{NIXL_PHASE_RANGE // NIXL_MODEL_WINDOW}. Fix: serve at most that many models in one RayService"
         )
     for served in models:
-        for phase, engine in (("prefill", served.prefill), ("decode", served.decode)):
+        for phase in PHASES:
+            engine = served.engine(phase)
             ports = engine.most_replicas * engine.tensor_parallel_size
             if ports > NIXL_MODEL_WINDOW:
                 raise ValueError(
@@ -326,7 +328,7 @@ def to_yaml(serve_config: dict[str, Any]) -> str:
 
 
 # Readers of a built serve config, either layout (the rehearsals and the CLI take the deployed one).
-_KV_PHASES = {"kv_producer": "prefill", "kv_consumer": "decode"}
+_KV_PHASES = {phase.kv_role: phase for phase in PHASES}
 
 
 def phase_llm_configs(serve_config: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
@@ -341,12 +343,12 @@ def phase_llm_configs(serve_config: dict[str, Any]) -> list[tuple[str, dict[str,
     return found
 
 
-def llm_config(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
+def llm_config(serve_config: dict[str, Any], phase: Phase) -> dict[str, Any]:
     """The first model's ``phase`` engine's LLMConfig dict."""
     return next(llm for found, llm in phase_llm_configs(serve_config) if found == phase)
 
 
-def replica_options(serve_config: dict[str, Any], phase: str) -> dict[str, Any]:
+def replica_options(serve_config: dict[str, Any], phase: Phase) -> dict[str, Any]:
     """Where the first model's ``phase`` replicas are set: its app's deployment override (the
     failover's layout) or its LLMConfig's ``deployment_config`` (Ray's builder)."""
     llm = llm_config(serve_config, phase)
@@ -369,7 +371,7 @@ def failover_settings(serve_config: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def replica_title(serve_config: dict[str, Any], phase: str) -> str:
+def replica_title(serve_config: dict[str, Any], phase: Phase) -> str:
     """The first model's ``phase`` replicas' process title prefix (``ServeReplica:<app>:<deployment>``)."""
     for app in serve_config["applications"]:
         for found, llm in phase_llm_configs({"applications": [app]}):

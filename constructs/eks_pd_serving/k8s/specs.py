@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..phase import Phase
+
 SERVE_PORT = 8000
 DASHBOARD_PORT = 8265
 
@@ -219,6 +221,9 @@ class ServedModel:
     failover: FailoverSpec | None = None
     #: Its Serve applications' prefix (unique per RayService). Default: "pd".
     name: str = "pd"
+
+    def engine(self, phase: Phase) -> EngineSpec:
+        return self.prefill if phase is Phase.PREFILL else self.decode
 
 
 @dataclass(frozen=True)

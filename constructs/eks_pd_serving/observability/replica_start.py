@@ -34,6 +34,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from ..phase import PHASES
+
 # Serve's controller and replica lines: LEVEL YYYY-MM-DD HH:MM:SS,mmm <component> <id> -- <message>
 _SERVE = re.compile(r"(?:^|\s)(?:INFO|WARNING|ERROR|DEBUG) (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) (\S+) (\S+) -- (.*)$")
 _REPLICA = r"Replica\(id='(?P<id>[^']+)', deployment='(?P<deployment>[^']+)', app='(?P<app>[^']+)'\)"
@@ -62,7 +64,7 @@ _ENGINE_EVENTS = {
     "init": re.compile(r"^init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"),
 }
 # The engine deployments' names start with these (Ray Serve LLM's PD builder): the starts that matter.
-ENGINE_PHASES = ("Prefill", "Decode")
+ENGINE_PHASES = tuple(phase.title() for phase in PHASES)
 PARTS = ("serve_saw", "actor", "node_init", "engine_config", "engine_process", "executor_worker", "weights",
          "engine_init", "to_running")  # fmt: skip
 

@@ -10,6 +10,7 @@ GPU-free node, a way to wait from CloudFormation, and the NAT.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -65,6 +66,9 @@ class ModelWeights(Construct):
     :param access_logs: a bucket of the user's and a prefix there for the bucket's server access
         logs (S3 delivers them; the target's bucket policy must admit ``logging.s3.amazonaws.com``).
         Default: none.
+    :param more: further models to stage, each (model id, repository, revision): one custom resource
+        each (``Resource-<model id>``), run by the same job and provider, so each revision is staged
+        once and the deploy waits for all. Default: none.
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class ModelWeights(Construct):
         hf_token_secret: str | None = None,
         removal: Removal = "destroy",
         access_logs: tuple[s3.IBucket, str] | None = None,
+        more: Sequence[tuple[str, str, str]] = (),
     ) -> None:
         super().__init__(scope, id)
         destroy = removal == "destroy"
@@ -123,7 +128,13 @@ class ModelWeights(Construct):
             "Weights are re-staged from Hugging Face; versions would double the storage",
         )
         self.project = self._job(log_groups, hf_token_secret)
-        self.resource = self._staging(log_groups, model_source, revision)
+        self._provider = self._staging(log_groups)
+        self.resource = self._stage("Resource", model_source, revision)
+        #: The further models' staged copies by model id: (``s3://bucket/prefix``, its custom resource).
+        self.more: dict[str, tuple[str, CustomResource]] = {}
+        for model_id, source, model_revision in more:
+            resource = self._stage(f"Resource-{model_id}", source, model_revision)
+            self.more[model_id] = (f"s3://{self.bucket.bucket_name}/{weights_prefix(source, model_revision)}", resource)
 
     def _job(self, log_groups: LogGroups, hf_token_secret: str | None) -> codebuild.Project:
         source = s3_assets.Asset(self, "JobCode", path=str(JOB_DIR), exclude=["__pycache__", "*.pyc", "__init__.py"])
@@ -173,7 +184,8 @@ class ModelWeights(Construct):
         nag.acknowledge(project, nag.staging_job(project, self.bucket))
         return project
 
-    def _staging(self, log_groups: LogGroups, model_source: str, revision: str) -> CustomResource:
+    def _staging(self, log_groups: LogGroups) -> cr.Provider:
+        """The handlers that start the job and poll it, and their provider (one for every revision)."""
         function = self._handler(log_groups, "Function", "on_event", "Starts the weights-staging job and waits for it")
         complete = self._handler(log_groups, "IsComplete", "is_complete", "Polls the weights-staging job")
         # Delete (a rollback included) stops the project's builds still running: nothing staged on, billed.
@@ -213,20 +225,6 @@ class ModelWeights(Construct):
                 destination=log_groups.group(self, "WaiterLogGroup"), level=sfn.LogLevel.ALL
             ),
         )
-        resource = CustomResource(
-            self,
-            "Resource",
-            service_token=provider.service_token,
-            resource_type=RESOURCE_TYPE,
-            service_timeout=CLOUDFORMATION_WAIT,
-            properties={
-                "ProjectName": self.project.project_name,
-                "Bucket": self.bucket.bucket_name,
-                "Prefix": self.prefix,
-                "Model": model_source,
-                "Revision": revision,
-            },
-        )
         nag.acknowledge(function, nag.WEIGHTS_FUNCTION)
         nag.acknowledge(complete, nag.weights_is_complete(self.bucket))
         # The two handlers and the provider's framework functions: all outside the VPC.
@@ -243,7 +241,24 @@ class ModelWeights(Construct):
             "aws-cdk-lib's state machine log delivery (logs:CreateLogDelivery and the rest support no resource-level "
             "permissions)",
         )
-        return resource
+        return provider
+
+    def _stage(self, id: str, model_source: str, revision: str) -> CustomResource:
+        """One revision staged: the custom resource the deploy waits for."""
+        return CustomResource(
+            self,
+            id,
+            service_token=self._provider.service_token,
+            resource_type=RESOURCE_TYPE,
+            service_timeout=CLOUDFORMATION_WAIT,
+            properties={
+                "ProjectName": self.project.project_name,
+                "Bucket": self.bucket.bucket_name,
+                "Prefix": weights_prefix(model_source, revision),
+                "Model": model_source,
+                "Revision": revision,
+            },
+        )
 
     def _list_models(self) -> iam.PolicyStatement:
         """ListBucket on the bucket: what turns a missing key's 403 into 404. No ``s3:prefix``
