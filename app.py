@@ -32,6 +32,10 @@ def print_sizing(config: DeploymentConfig) -> None:
                 print(f"  {line}", file=sys.stderr)
     if config.model_facts is not None:
         print(what_if_line(config, config.model_facts), file=sys.stderr)
+    for choice in config.models[1:]:  # served_models: each sized for its own checkpoint
+        sizes = {phase: config.sizing(phase, config.facts_of(choice)) for phase in PHASES}
+        seqs = ", ".join(f"{phase} max_num_seqs {s.max_num_seqs}" for phase, s in sizes.items() if s is not None)
+        print(f"sizing ({choice.model_id}, {choice.repository}): {seqs}", file=sys.stderr)
 
 
 def main() -> None:
