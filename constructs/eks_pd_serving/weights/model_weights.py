@@ -68,7 +68,7 @@ class ModelWeights(Construct):
         Default: none.
     :param more: further models to stage, each (model id, repository, revision): one custom resource
         each (``Resource-<model id>``), run by the same job and provider, so each revision is staged
-        once and the deploy waits for all. Default: none.
+        once and the deploy waits for all. Default: () (the first model alone).
     """
 
     def __init__(
