@@ -150,3 +150,18 @@ def test_a_served_model_that_cannot_work_is_refused_with_one_line(settings: dict
         DeploymentConfig.from_context(settings)
     assert str(refused.value).startswith(message), str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("settings", "engines_sized"), [({}, 2), (TWO, 4)])
+def test_each_engine_is_sized_once_a_synth(monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any],
+                                           engines_sized: int) -> None:  # fmt: skip
+    """The validation, the mapping and the charts ask each engine's sizing; it is computed once per
+    phase and model (was 6 times for the default's two engines)."""
+    from eks_pd_serving.config import derived
+
+    derived._sized.cache_clear()
+    sized: list[str] = []
+    real = derived.size
+    monkeypatch.setattr(derived, "size", lambda *a, **k: sized.append(a[1].gpu_name) or real(*a, **k))
+    build_stack(decode_max_num_seqs=8, **settings)
+    assert len(sized) == engines_sized

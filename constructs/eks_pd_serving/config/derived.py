@@ -192,10 +192,23 @@ def sizing(
 ) -> Sizing | None:
     """Per-GPU memory estimate of one engine of ``phase``, for ``facts`` or the catalog's entry of
     the model; None for a model in neither. ``quantization`` and ``enforce_eager`` replace the
-    configured ones (``sizing --what-if``'s other rows)."""
+    configured ones (``sizing --what-if``'s other rows). Each engine is sized once a synth: the
+    validation, the mapping and the summary ask the same question and get the same answer."""
     facts = facts or model_facts(s)
     if facts is None:
         return None
+    p = phase_settings(s, phase)
+    return _sized(
+        s,
+        facts,
+        phase,
+        s.quantization if quantization is None else quantization,
+        p.enforce_eager if enforce_eager is None else enforce_eager,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _sized(s: Settings, facts: ModelFacts, phase: Phase, quantization: str, enforce_eager: bool) -> Sizing:
     p = phase_settings(s, phase)
     return size(
         facts,
@@ -205,8 +218,8 @@ def sizing(
         gpu_memory_utilization=s.gpu_memory_utilization,
         max_model_len=s.max_model_len,
         multimodal=s.multimodal,
-        quantization=s.quantization if quantization is None else quantization,
-        enforce_eager=p.enforce_eager if enforce_eager is None else enforce_eager,
+        quantization=quantization,
+        enforce_eager=enforce_eager,
         max_num_seqs=p.max_num_seqs,
     )
 
