@@ -12,6 +12,7 @@ import yaml
 from aws_cdk.assertions import Template
 from support import build_stack, ray_service, resources_of_type, staged_uris
 
+from eks_pd_serving import sizing
 from eks_pd_serving.config import ConfigError, DeploymentConfig
 from eks_pd_serving.k8s.serve_config import phase_llm_configs
 from eks_pd_serving.mapping import rollout_deadline_s
@@ -161,7 +162,12 @@ def test_each_engine_is_sized_once_a_synth(monkeypatch: pytest.MonkeyPatch, sett
 
     derived._sized.cache_clear()
     sized: list[str] = []
-    real = derived.size
-    monkeypatch.setattr(derived, "size", lambda *a, **k: sized.append(a[1].gpu_name) or real(*a, **k))
+    real = sizing.size
+
+    def counted(*args: Any, **kwargs: Any) -> sizing.Sizing:
+        sized.append(args[1].gpu_name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(derived, "size", counted)
     build_stack(decode_max_num_seqs=8, **settings)
     assert len(sized) == engines_sized
