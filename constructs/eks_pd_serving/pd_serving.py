@@ -37,7 +37,8 @@ from .log_groups import LogGroups
 from .network import Network
 from .observability.addon import CloudWatchObservability
 from .observability.dashboard import ServingDashboard
-from .ray_service import RayServiceManifest
+from .ray_service import RayServiceManifest, refuse_gpu_shortfall
+from .rollout_plan import rollout_plan, with_rollout_program
 from .weights import ModelWeights
 
 
@@ -167,6 +168,16 @@ class PdServing(Construct):
         )
         if self.models is not None:
             props = replace(props, models=mapping.with_staged_weights(self.models, props.models[0].model.weights))
+        props = with_rollout_program(props)
+        refuse_gpu_shortfall(self, props)  # before the rollouts are planned from the models
+        # The rollouts decided once, from the props the manifest applies.
+        rollouts = rollout_plan(
+            props,
+            Stack.of(self).resolve,
+            converge=plan.converge,
+            rollout_deadline_s=plan.rollout_deadline_s,
+            serve_step_s=plan.serve_step_s,
+        )
         self.ray_service = RayServiceManifest(
             self,
             "RayService",
@@ -182,9 +193,7 @@ class PdServing(Construct):
                 *([weights.resource, *(resource for _, resource in weights.more.values())] if weights else []),
                 *access,
             ],
-            converge=plan.converge,
-            rollout_deadline_s=plan.rollout_deadline_s,
-            serve_step_s=plan.serve_step_s,
+            rollouts=rollouts,
         )
 
     def _stage_weights(self, plan: mapping.WeightsPlan | None) -> ModelWeights | None:

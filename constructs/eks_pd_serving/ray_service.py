@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Sequence
-from dataclasses import replace
 
 import cdk8s
 from aws_cdk import Duration, Stack
@@ -15,25 +12,8 @@ from constructs import Construct
 from . import rollout
 from ._private.manifests import adopting_manifest
 from .config import ConstructError
-from .k8s import (
-    PodProgram,
-    RayNamespaceChart,
-    RayServiceChart,
-    RayServiceProps,
-    RolloutChart,
-    RolloutSpec,
-    gpu_accounting,
-)
-from .k8s.ray_service import ray_service_spec, serve_config_yaml
-from .k8s.rollout import job_spec, spec_digest
-from .k8s.serve_config import build_serve_config
-
-# The Job's deadline when the caller gives none (the fixed one it had before ``rollout.deadline_s``;
-# ``PdServing`` always passes the derived one).
-ROLLOUT_DEADLINE_S = 11 * 60
-# One Serve application's bound in the serve rollout when the caller gives none (``rollout.step_s``
-# of an unknown model; ``PdServing`` passes the model's).
-SERVE_STEP_S = 10 * 60
+from .k8s import RayNamespaceChart, RayServiceChart, RayServiceProps, RolloutChart, RolloutSpec, gpu_accounting
+from .rollout_plan import RolloutPlan, rollout_plan, with_rollout_program
 
 
 class RayServiceManifest(Construct):
@@ -47,16 +27,11 @@ class RayServiceManifest(Construct):
     :param cluster: the cluster the manifest is applied to.
     :param depends_on: what must exist first and be deleted after (operator, plugins, nodes).
         Default: () (nothing).
-    :param converge: run the rollout Job after each change of the cluster config, and have the
-        deploy wait until it succeeds (``ray_upgrade_strategy=recreate``). Default: False.
-    :param rollout_deadline_s: how long the rollout Job waits for a rebuilt cluster to serve
-        (``rollout.deadline_s`` derives it from the model and the image); the deploy waits on the
-        Job in steps of ``rollout.WAIT_S`` at most, one per window of it. Default: ROLLOUT_DEADLINE_S (660).
-    :param serve_step_s: with the failover's layout (each phase its own Serve application), a change
-        of the serve config is rolled before the RayService's manifest by a Job of its own, one
-        application at a time, each given this long to serve again (``rollout.step_s``); the deploy
-        waits on it as on the rollout Job, and fails (rolling back) when a step does not serve.
-        Default: SERVE_STEP_S (600).
+    :param rollouts: the rollouts of this deploy, made by ``rollout_plan.rollout_plan`` from ``props``
+        as ``rollout_plan.with_rollout_program`` gives them (``PdServing`` passes the settings':
+        ``ray_upgrade_strategy=recreate`` rebuilds the cluster through the rollout Job, its deadline
+        and each serve-rollout step from the model's size). Default: ``rollout_plan(props, <this
+        stack's resolver>)``: no rebuild by the deploy, ``SERVE_STEP_S`` (600) a serve-rollout step.
     """
 
     def __init__(
@@ -67,48 +42,28 @@ class RayServiceManifest(Construct):
         props: RayServiceProps,
         cluster: eks.ICluster,
         depends_on: Sequence[Construct] = (),
-        converge: bool = False,
-        rollout_deadline_s: int = ROLLOUT_DEADLINE_S,
-        serve_step_s: int = SERVE_STEP_S,
+        rollouts: RolloutPlan | None = None,
     ) -> None:
         super().__init__(scope, id)
-        if short := gpu_accounting.shortfall(props):  # every model counted, not only the settings' one
-            raise ConstructError(self, "GpuShortfall", short)
-        # The rollout Jobs' program, once, with the namespace (applied before either Job, deleted after).
-        props = props if props.rollout_program else replace(props, rollout_program=rollout_program(props.name))
-        self.props = props
+        refuse_gpu_shortfall(self, props)
+        self.props = props = with_rollout_program(props)
+        plan = rollouts or rollout_plan(props, Stack.of(self).resolve)
+        self.plan = plan
+        self.cluster_digest = plan.cluster_digest
+        self.rollout: RolloutSpec | None = plan.rollout
+        self.serve_rollout: RolloutSpec | None = plan.serve_rollout
         self.namespace_chart = RayNamespaceChart(cdk8s.App(), "RayNamespace", props=props)
         # Once part of the RayService's manifest: an update takes its objects over first.
         self.namespace_manifest = adopting_manifest(cluster, f"{id}NamespaceChart", self.namespace_chart)
-        self.rollout: RolloutSpec | None = None
-        # The digest of the template's own cluster config (tokens as CloudFormation has them), on the
-        # RayService wherever this deploy rebuilds the cluster (the rollout Job's, or KubeRay's new
-        # cluster): the serve rollout reads it there (below). Under manual nothing rebuilds it.
-        resolved = Stack.of(self).resolve(ray_service_spec(props)["rayClusterConfig"])
-        self.cluster_digest = rollout.cluster_config_digest(resolved)
-        rebuilds = converge or props.upgrade_strategy == "NewCluster"
-        annotations = {rollout.digest_annotation(): self.cluster_digest} if rebuilds else None
-        if converge:
-            spec = _rollout_spec(props, self.cluster_digest, rollout.worker_bounds(resolved), rollout_deadline_s)
-            # The Job's name carries a digest of its whole spec as the template holds it.
-            self.rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
-        self.chart = RayServiceChart(cdk8s.App(), "RayService", props=self.props, annotations=annotations)
+        self.chart = RayServiceChart(
+            cdk8s.App(), "RayService", props=props, annotations=dict(plan.annotations) if plan.annotations else None
+        )
         self.manifest = cluster.add_cdk8s_chart(f"{id}Chart", self.chart)
         self.manifest.node.add_dependency(self.namespace_manifest)
-        self.serve_rollout: RolloutSpec | None = None
         self.serve_rollout_waits: list[eks.KubernetesObjectValue] = []
-        if any(served.failover for served in props.models):
+        if self.serve_rollout is not None:
             # Before the RayService's manifest: the serve config rolls one application at a time
             # there, and the manifest then applies the text the RayService already holds.
-            applications = len(build_serve_config(props.models)["applications"])
-            text = serve_config_yaml(props)
-            digest = hashlib.sha256(json.dumps(Stack.of(self).resolve(text), sort_keys=True).encode()).hexdigest()
-            spec = _serve_rollout_spec(props, text, digest, serve_step_s, serve_step_s * applications)
-            if rebuilds:
-                # A changed cluster config is rebuilt by this deploy: the serve config then goes along
-                # with the RayService, not onto the old cluster. Under manual it rolls onto the running one.
-                spec = replace(spec, code={**spec.code, rollout.digest_annotation(): self.cluster_digest})
-            self.serve_rollout = replace(spec, template_digest=spec_digest(Stack.of(self).resolve(job_spec(spec))))
             serve_manifest = cluster.add_cdk8s_chart(
                 f"{id}ServeRollout", RolloutChart(cdk8s.App(), "ServeRollout", spec=self.serve_rollout)
             )
@@ -116,7 +71,13 @@ class RayServiceManifest(Construct):
             for dependency in (self.namespace_manifest, *depends_on):
                 serve_manifest.node.add_dependency(dependency)
             self.serve_rollout_waits = _job_waits(
-                self, "ServeRollout", cluster, self.serve_rollout, serve_manifest, spec.deadline_s, props.namespace
+                self,
+                "ServeRollout",
+                cluster,
+                self.serve_rollout,
+                serve_manifest,
+                self.serve_rollout.deadline_s,
+                props.namespace,
             )
             self.manifest.node.add_dependency(self.serve_rollout_waits[-1])
         # Created after, and so deleted before, the operator, the device plugins and the node
@@ -138,6 +99,13 @@ class RayServiceManifest(Construct):
                 self, "Rollout", cluster, self.rollout, self.rollout_manifest, self.rollout.deadline_s, props.namespace
             )
             self.rollout_wait = self.rollout_waits[-1]
+
+
+def refuse_gpu_shortfall(scope: Construct, props: RayServiceProps) -> None:
+    """``ConstructError`` (code ``GpuShortfall``, at ``scope``'s path) when ``props``' models need
+    more GPUs than their worker groups hold: every model counted, not only the settings' one."""
+    if short := gpu_accounting.shortfall(props):
+        raise ConstructError(scope, "GpuShortfall", short)
 
 
 def _job_waits(
@@ -170,56 +138,3 @@ def _job_waits(
         waits.append(wait)
         previous = wait
     return waits
-
-
-def _serve_rollout_spec(
-    props: RayServiceProps, serve_config: str, digest: str, step_s: int, deadline_s: int
-) -> RolloutSpec:
-    """The serve rollout: its Job is named for ``digest`` (of the serve config as the template holds
-    it), and given ``deadline_s`` in all (a step per application at most)."""
-    program = props.failover_program
-    code = {program.annotation: program.digest} if program is not None else {}
-    return replace(
-        _rollout_spec(props, digest, {}, deadline_s),
-        mode="serve",
-        serve_config=serve_config,
-        step_s=step_s,
-        code=code,
-    )
-
-
-def rollout_program(name: str) -> PodProgram:
-    """The rollout Jobs' program (``rollout/eks_pd_rollout.py``) as the namespace chart ships it."""
-    return PodProgram(
-        config_map=f"{name}-rollout-program",
-        file_name=rollout.FILE_NAME,
-        source=rollout.source(),
-        digest=rollout.source_digest(),
-        mount_path=rollout.MOUNT_PATH,
-        annotation="eks-pd.io/rollout-code",
-    )
-
-
-def _rollout_spec(
-    props: RayServiceProps, digest: str, bounds: dict[str, dict[str, int]], deadline_s: int
-) -> RolloutSpec:
-    """A rollout Job's spec, its program the one ``props`` ships (both Jobs read the same ConfigMap:
-    a Job's pod reads it once, at its start)."""
-    names = rollout.env_names()
-    program = props.rollout_program or rollout_program(props.name)
-    return RolloutSpec(
-        ray_service=props.name,
-        namespace=props.namespace,
-        digest=digest,
-        program=program,
-        ships_program=props.rollout_program is None,
-        env_names=names,
-        image=props.image,
-        node_selector=props.system_node_selector,
-        deadline_s=deadline_s,
-        window_s=rollout.WINDOW_S,
-        pod_start_s=rollout.POD_START_S,
-        pod_job_label=rollout.pod_job_label(),
-        finished_ttl_s=rollout.FINISHED_TTL_S,
-        bounds=bounds,
-    )

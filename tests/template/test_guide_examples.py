@@ -76,7 +76,7 @@ def test_a_model_that_does_not_fit_is_refused_at_synth_with_the_numbers() -> Non
     with pytest.raises(ConstructError) as refused:
         PdServing(cdk.Stack(cdk.App(), "Three"), "PdServing", config=config, models=models)
     assert str(refused.value) == (
-        "Three/PdServing/RayService: RayServiceProps.models: qwen3.5-9b prefill 1 x tp 1 + qwen3.5-9b decode 1 x tp 1"
+        "Three/PdServing: RayServiceProps.models: qwen3.5-9b prefill 1 x tp 1 + qwen3.5-9b decode 1 x tp 1"
         " + m2 prefill 1 x tp 1 + m2 decode 1 x tp 1 + m3 prefill 1 x tp 1 + m3 decode 1 x tp 1 needs 6 GPUs on the"
         " GPU worker groups, which hold 4 (gpu-workers 4). Fix: give the groups more nodes (gpu_node_count, or the"
         " phase's own node count) or serve fewer replicas [GpuShortfall]"
