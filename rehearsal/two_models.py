@@ -1,11 +1,13 @@
 """Two models through one ingress, on this CPU (issue 67): the default settings' RayService with a
 second model added as one typed value (what ``PdServing(models=...)`` renders), both served by the
 tiny checkpoint under two ids, each model with its own phase applications and failover behind the
-one ingress. Then a change to the second model's decode engine, rolled as the serve rollout Job
-rolls it: only that application's replica is new, and both models answer before and after.
+one ingress. Then the second model's decode replica is killed: its failover serves it whole on its
+own prefill while the first model's pair serves on, disaggregated, and Serve replaces that one
+replica. Then a change to the second model's decode engine, rolled as the serve rollout Job rolls
+it: only that application's replica is new, and both models answer before and after.
 
     .venv/bin/python -m rehearsal.two_models render .rehearsal/two-models.json      # the RayService, from typed props
-    .venv-rehearse/bin/python -m rehearsal.two_models run .rehearsal/two-models.json  # about 10 minutes
+    .venv-rehearse/bin/python -m rehearsal.two_models run .rehearsal/two-models.json  # about 12 minutes
 
 ``render`` needs the package's CDK side (``.venv``); ``run`` needs Ray and vLLM (``.venv-rehearse``).
 The report (``--report``, default ``.rehearsal/two-models.report.json``) holds each model's answers,
@@ -76,6 +78,54 @@ def answers(base_url: str, model_ids: list[str]) -> dict[str, Any]:
     return found
 
 
+def decode_killed(
+    run_id: str, base_url: str, metrics_url: str, model_ids: list[str], timeout_s: float
+) -> dict[str, Any]:
+    """The second model's decode replica killed (SIGKILL, as a crash): what served each model while
+    it was gone (the failover's path counters over a request to one model at a time), and the
+    replicas Serve replaced."""
+    from eks_pd_serving.k8s.serve_config import deployment_name
+    from eks_pd_serving.phase import Phase
+
+    from .faults.fault import kill
+    from .probes import paths_served
+
+    first_id = next(m for m in model_ids if m != SECOND_ID)
+    before = replica_ids()
+    title = f"ServeReplica:{SECOND}-decode:{deployment_name(Phase.DECODE, SECOND_ID)}"
+    found: dict[str, Any] = {"killed": kill(run_id, title)}
+    time.sleep(3.0)  # past failover_wait_s (2 s): the failover has counted the replica out
+    counted = paths_served(metrics_url)
+    found["second_during"] = answers(base_url, [SECOND_ID])[SECOND_ID]
+    after_second = paths_served(metrics_url)
+    found["first_during"] = answers(base_url, [first_id])[first_id]
+    after_first = paths_served(metrics_url)
+    found["second_by_path"] = {p: v - counted.get(p, 0.0) for p, v in after_second.items() if v - counted.get(p, 0.0)}
+    found["first_by_path"] = {
+        p: v - after_second.get(p, 0.0) for p, v in after_first.items() if v - after_second.get(p, 0.0)
+    }
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        now = replica_ids()
+        if now.get(f"{SECOND}-decode") and not now[f"{SECOND}-decode"] & before.get(f"{SECOND}-decode", set()):
+            break
+        time.sleep(2.0)
+    found["replaced_s"] = round(time.monotonic() - deadline + timeout_s, 1)
+    after = replica_ids()
+    found["restarted"] = sorted(name for name in before if before[name] != after.get(name))
+    found["answers_after"] = answers(base_url, model_ids)
+    found["passed"] = bool(
+        found["killed"]
+        and found["second_during"]["ok"]
+        and found["second_by_path"].get("prefill_whole", 0) >= 1
+        and found["first_during"]["ok"]
+        and found["first_by_path"].get("disaggregated", 0) >= 1
+        and found["restarted"] == [f"{SECOND}-decode"]
+        and all(a["ok"] for a in found["answers_after"].values())
+    )
+    return found
+
+
 def decode_changed(config: dict[str, Any], name: str) -> dict[str, Any]:
     """``config`` with ``name``'s decode engine's ``max_num_seqs`` changed (its application's args)."""
     changed = copy.deepcopy(config)
@@ -99,11 +149,15 @@ def run(ray_service_file: Path, checkpoint: Path, report_file: Path, timeout_s: 
     started = time.monotonic()
     # Four engines (a replica and a bundle each) and the ingress's two replicas: more than the
     # one-model rehearsals' 8 logical CPUs.
-    with local_ray(env, metrics_port, profile.custom_resources(rehearsed), num_cpus=12):
+    with local_ray(env, metrics_port, profile.custom_resources(rehearsed), num_cpus=12) as run_id:
         log(f"== deploying {report['applications']}")
         report["ready_s"] = round(deploy_config(rehearsed, http_port, timeout_s), 1)
         report["answers_before"] = answers(base_url, model_ids)
         log(f"== both models: {report['answers_before']}")
+        log(f"== {SECOND}'s decode replica killed")
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        report["decode_killed"] = decode_killed(run_id, base_url, metrics_url, model_ids, timeout_s)
+        log(f"== after the kill: {report['decode_killed']}")
         before = replica_ids()
         target = decode_changed(rehearsed, SECOND)
         report["steps"] = [
@@ -117,7 +171,7 @@ def run(ray_service_file: Path, checkpoint: Path, report_file: Path, timeout_s: 
         report["answers_after"] = answers(base_url, model_ids)
     report["total_s"] = round(time.monotonic() - started, 1)
     answered = all(a["ok"] for side in ("answers_before", "answers_after") for a in report[side].values())
-    report["passed"] = answered and report["restarted"] == [f"{SECOND}-decode"]
+    report["passed"] = answered and report["restarted"] == [f"{SECOND}-decode"] and report["decode_killed"]["passed"]
     report_file.write_text(json.dumps(report, indent=2))
     verdict = "PASS" if report["passed"] else "FAIL"
     log(f"{verdict}: two models, restarted {report['restarted']}; report in {report_file}")

@@ -207,7 +207,8 @@ def test_the_encoder_peak_is_the_runs_byte_exact_kv_difference() -> None:
     import re
 
     def fit(variant: str) -> int:
-        text = gzip.open(EMULATED.with_name(f"emulate-{variant}.log.gz"), "rt").read()
+        with gzip.open(EMULATED.with_name(f"emulate-{variant}.log.gz"), "rt") as log:
+            text = log.read()
         return int(re.search(r"--kv-cache-memory=(\d+)`? \(\S+ GiB\) to fit", text).group(1))  # type: ignore[union-attr]
 
     extra = fit("text-only") - fit("multimodal") - QWEN.vision_params * 2  # bf16 vision weights

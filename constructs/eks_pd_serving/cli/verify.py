@@ -49,6 +49,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from .. import rollout
 from ..capacity.checks import block_times
 from ..config import derived
 from ..endpoint_check import EndpointFailed, check_endpoint, check_refused_without_key
@@ -412,8 +413,8 @@ def check_replica_placement(serve_apps: dict[str, Any], pod_nodes: dict[str, str
     return Check("replica placement", not shared, detail + (f"; both on {sorted(shared)}" if shared else ""))
 
 
-# A deployment's statuses that serve (Serve counts a scale event as running).
-SERVING = frozenset({"HEALTHY", "UPSCALING", "DOWNSCALING"})
+# A deployment's statuses that serve: the serve rollout's own (its program's SERVING), one list.
+SERVING = rollout.serving_statuses()
 
 
 def check_served_models(serve_apps: dict[str, Any], pod_nodes: dict[str, str]) -> list[Check]:

@@ -107,6 +107,12 @@ def settle_s() -> float:
     return float(_constant("SETTLE_S"))
 
 
+def serving_statuses() -> frozenset[str]:
+    """A deployment's statuses that serve (Serve counts a scale event as running): what a rollout
+    step waits for, and what ``verify`` accepts."""
+    return frozenset(_program()["SERVING"])
+
+
 def digest_annotation() -> str:
     return str(_constant("DIGEST_ANNOTATION"))
 
