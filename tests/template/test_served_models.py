@@ -171,3 +171,14 @@ def test_each_engine_is_sized_once_a_synth(monkeypatch: pytest.MonkeyPatch, sett
     monkeypatch.setattr(derived, "size", counted)
     build_stack(decode_max_num_seqs=8, **settings)
     assert len(sized) == engines_sized
+
+
+def test_cost_prices_each_models_staged_weights() -> None:
+    import datetime
+
+    from eks_pd_serving.cli.cost import estimate
+
+    template = dict(Template.from_stack(build_stack(**TWO)).to_json())
+    lines, _ = estimate(template, "us-east-1", datetime.date(2026, 12, 6))
+    staged = sorted((line.item, line.quantity) for line in lines if line.item.startswith("Model weights in S3"))
+    assert staged == [("Model weights in S3", 16.4), ("Model weights in S3", 18.0)]
