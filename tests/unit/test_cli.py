@@ -94,6 +94,13 @@ def test_sizing_prints_the_default_deployment() -> None:
     assert "60.9 ms over EFA at 25 Gbps vs 304.5 ms over one TCP flow at 5 Gbps" in result.stdout
 
 
+def test_sizing_prints_each_served_models_engines() -> None:
+    result = cli("sizing", "-c", "served_models=qwen3-8b=Qwen/Qwen3-8B", "-c", "gpu_node_count=4")
+    assert result.returncode == 0, result.stderr
+    assert "decode: qwen3-8b (Qwen/Qwen3-8B), per GPU" in result.stdout
+    assert "max_num_seqs 7 (eager)" in result.stdout  # its own checkpoint's, not the 9B's 15
+
+
 def test_sizing_prints_what_each_engine_choice_gives() -> None:
     result = cli("sizing", env={**CLEAN_ENV, "COLUMNS": "250"})
     rows = {line.split("│")[1].strip(): [c.strip() for c in line.split("│")[2:-1]]

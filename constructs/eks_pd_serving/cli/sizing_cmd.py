@@ -62,6 +62,15 @@ def run(args: argparse.Namespace) -> int:
     console.print(what_if(config, facts))
     for line in cold_start(config, facts):
         console.print(line)
+    for choice in config.models[1:]:  # served_models: each model's engines sized for its own checkpoint
+        further = config.facts_of(choice)
+        assert further is not None  # the settings' rules refuse a model outside the catalogue
+        for phase in PHASES:
+            sized = config.sizing(phase, further)
+            assert sized is not None
+            console.print(f"[bold]{phase}[/bold]: {choice.model_id} ({choice.repository}), per GPU")
+            for line in sized.summary():
+                console.print(f"  {line}")
     return 0 if ok else 1
 
 
