@@ -1,7 +1,9 @@
 """Two models through one ingress, on this CPU (issue 67): the default settings' RayService with a
 second model added as one typed value (what ``PdServing(models=...)`` renders), both served by the
 tiny checkpoint under two ids, each model with its own phase applications and failover behind the
-one ingress. Then the second model's decode replica is killed: its failover serves it whole on its
+one ingress. The first model is deployed alone, then the second added as the serve rollout adds it
+(one step): the first model's applications keep their replicas. Then the second model's decode
+replica is killed: its failover serves it whole on its
 own prefill while the first model's pair serves on, disaggregated, and Serve replaces that one
 replica. Then a change to the second model's decode engine, rolled as the serve rollout Job rolls
 it: only that application's replica is new, and both models answer before and after.
@@ -126,6 +128,18 @@ def decode_killed(
     return found
 
 
+def first_alone(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` before the second model was added: its applications gone, the ingress's list of
+    models without it."""
+    alone = copy.deepcopy(config)
+    alone["applications"] = [a for a in alone["applications"] if not a["name"].startswith(f"{SECOND}-")]
+    for app in alone["applications"]:
+        models = (app.get("args") or {}).get("models")
+        if isinstance(models, list):
+            app["args"]["models"] = [m for m in models if m.get("model_id") != SECOND_ID]
+    return alone
+
+
 def decode_changed(config: dict[str, Any], name: str) -> dict[str, Any]:
     """``config`` with ``name``'s decode engine's ``max_num_seqs`` changed (its application's args)."""
     changed = copy.deepcopy(config)
@@ -150,8 +164,14 @@ def run(ray_service_file: Path, checkpoint: Path, report_file: Path, timeout_s: 
     # Four engines (a replica and a bundle each) and the ingress's two replicas: more than the
     # one-model rehearsals' 8 logical CPUs.
     with local_ray(env, metrics_port, profile.custom_resources(rehearsed), num_cpus=12) as run_id:
-        log(f"== deploying {report['applications']}")
-        report["ready_s"] = round(deploy_config(rehearsed, http_port, timeout_s), 1)
+        alone = first_alone(rehearsed)
+        log(f"== deploying the first model alone: {[a['name'] for a in alone['applications']]}")
+        report["first_ready_s"] = round(deploy_config(alone, http_port, timeout_s), 1)
+        first_replicas = replica_ids()
+        log(f"== adding {SECOND}: steps {len(layout_steps(alone, rehearsed))}")
+        report["add_s"] = round(deploy_steps(alone, rehearsed, http_port, timeout_s), 1)
+        added = replica_ids()
+        report["added_restarted"] = sorted(n for n in first_replicas if first_replicas[n] != added.get(n))
         report["answers_before"] = answers(base_url, model_ids)
         log(f"== both models: {report['answers_before']}")
         log(f"== {SECOND}'s decode replica killed")
@@ -171,7 +191,13 @@ def run(ray_service_file: Path, checkpoint: Path, report_file: Path, timeout_s: 
         report["answers_after"] = answers(base_url, model_ids)
     report["total_s"] = round(time.monotonic() - started, 1)
     answered = all(a["ok"] for side in ("answers_before", "answers_after") for a in report[side].values())
-    report["passed"] = answered and report["restarted"] == [f"{SECOND}-decode"] and report["decode_killed"]["passed"]
+    report["passed"] = (
+        answered
+        and report["restarted"] == [f"{SECOND}-decode"]
+        and report["decode_killed"]["passed"]
+        # Adding a model left the first model's engines running (the ingress may roll its replicas).
+        and not set(report["added_restarted"]) & {"pd-prefill", "pd-decode"}
+    )
     report_file.write_text(json.dumps(report, indent=2))
     verdict = "PASS" if report["passed"] else "FAIL"
     log(f"{verdict}: two models, restarted {report['restarted']}; report in {report_file}")

@@ -23,6 +23,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "volume": {"gpu_root_volume_gib": 300},
     "context": {"max_model_len": 2048},
     "no_failover": {"pd_failover": False},
+    "four_nodes": {"gpu_node_count": 4},
+    "second_model": {"gpu_node_count": 4, "served_models": "qwen3-8b=Qwen/Qwen3-8B@main"},
     "scaled": {"autoscaling": True},
     "scaled_target": {"autoscaling": True, "decode_target_ongoing_requests": 6},
     "internal": {"endpoint_exposure": "internal"},
@@ -143,6 +145,22 @@ def test_a_layout_change_says_it_is_the_outage(synthesized: dict[str, Path]) -> 
     ray = " ".join(o.effect for o in result.objects if o.object == "RayService/inference/ray-llm")
     assert "the Serve layout changes (pd-decode removed, pd-prefill removed, pd-openai built by another" in ray
     assert "requests fail until the new engines serve" in ray
+
+
+def test_a_model_added_starts_its_applications_and_leaves_the_first_models_running(
+    synthesized: dict[str, Path],
+) -> None:
+    result = impact(synthesized, "four_nodes", "second_model")
+    ray = [o.effect for o in result.objects if o.object == "RayService/inference/ray-llm"]
+    assert ray[0].startswith("serve config changed: applications added (qwen3-8b-decode, qwen3-8b-prefill)")
+    assert "the applications already serving keep serving" in ray[0]
+    assert ray[1].startswith("serve config changed: application pd-openai restarts (args changed) in the same step")
+    assert not any("every application restarts" in e or "pd-prefill" in e or "pd-decode" in e for e in ray)
+    staging = [c for c in by_type(result, "Custom::ModelWeights")]
+    assert [(c.action, c.resource) for c in staging] == [("add", "PdServingModelWeightsResourceqwen38b86D5771C")]
+    removed = impact(synthesized, "second_model", "four_nodes")
+    gone = [o.effect for o in removed.objects if o.object == "RayService/inference/ray-llm"]
+    assert gone[0].startswith("serve config changed: applications removed (qwen3-8b-decode, qwen3-8b-prefill)")
 
 
 def test_an_autoscaling_target_restarts_nothing(synthesized: dict[str, Path]) -> None:

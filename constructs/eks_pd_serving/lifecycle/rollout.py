@@ -11,8 +11,11 @@ their sources; the table is held by tests/template/test_impact.py on real templa
   autoscaling, ``max_ongoing_requests``, ``user_config`` and the like apply in place. With the
   failover, each phase is an application of its own and the serve rollout Job restarts them one
   at a time (prefill, decode, then the ingress) while the failover serves through the other: no
-  request fails. A change of the layout (applications added, removed, built by another import
-  path), and Ray's own one application without the failover, restart everything at once.
+  request fails. A served model added or removed (its two applications, and the ingress's list of
+  models) is one step: Serve starts or stops those applications, rolls the ingress's two replicas,
+  and leaves the other models' applications running (the two-model CPU rehearsal adds a model so).
+  A change to or from Ray's own one application, or an application built by another import path,
+  restarts everything at once.
 - **Cluster config** (``rayClusterConfig``): KubeRay applies it only through a new RayCluster
   (``shouldPrepareNewCluster``). ``recreate`` (the stack's rollout Job, when the RayService
   carries the config digest): the deploy rebuilds the cluster when the digest changes and sets
@@ -91,19 +94,42 @@ def serve_lines(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     )
     if layout_changed:
         added, removed = sorted(set(after) - set(before)), sorted(set(before) - set(after))
-        moved = ", ".join(
-            [*(f"{a} added" for a in added), *(f"{r} removed" for r in removed)]
-            + [
-                f"{n} built by another import path"
-                for n in sorted(set(before) & set(after))
-                if before[n].get("import_path") != after[n].get("import_path")
-            ]
-        )
-        return [
-            f"serve config changed: the Serve layout changes ({moved}): every application restarts at once and "
-            "requests fail until the new engines serve (the outage: the engines' start and the model's load, "
-            "minutes); the serve rollout does not stage it (the old applications hold the GPUs the new ones need)"
+        rebuilt = [
+            n for n in sorted(set(before) & set(after)) if before[n].get("import_path") != after[n].get("import_path")
         ]
+        if rebuilt or not (_phase_apps(before) and _phase_apps(after)):
+            moved = ", ".join(
+                [*(f"{a} added" for a in added), *(f"{r} removed" for r in removed)]
+                + [f"{n} built by another import path" for n in rebuilt]
+            )
+            return [
+                f"serve config changed: the Serve layout changes ({moved}): every application restarts at once and "
+                "requests fail until the new engines serve (the outage: the engines' start and the model's load, "
+                "minutes); the serve rollout does not stage it (the old applications hold the GPUs the new ones need)"
+            ]
+        # A served model added or removed in the failover's layout: Serve deploys and deletes those
+        # applications and leaves every unchanged one running (its config, and so its version, is the
+        # same); the serve rollout applies the new layout in one step.
+        lines = []
+        if added:
+            lines.append(
+                f"serve config changed: applications added ({', '.join(added)}): their engines start on GPUs the "
+                "worker groups must hold, in one serve-rollout step that waits until they serve; the applications "
+                "already serving keep serving"
+            )
+        if removed:
+            lines.append(
+                f"serve config changed: applications removed ({', '.join(removed)}): Serve stops them, so requests "
+                "for their model fail from then on; the other applications keep serving"
+            )
+        for name in (n for n in after if n in before and before[n] != after[n]):
+            versioned = [k for k, v in code_version(after[name]).items() if code_version(before[name]).get(k) != v]
+            lines.append(
+                f"serve config changed: application {name} restarts ({', '.join(versioned) or 'its deployments'} "
+                "changed) in the same step, its replicas replaced a few at a time: with two or more (the ingress "
+                "has two) the others serve meanwhile"
+            )
+        return lines
     rolled = _phase_apps(after)
     lines = []
     for name in after:
