@@ -179,3 +179,15 @@ def test_checkov_catches_a_gcs_store_without_tls_or_token_or_encryption_at_rest(
     broken.write_text(json.dumps(template))
     failed = {c["check_id"] for c in checkov(broken)["results"]["failed_checks"]}
     assert {"CKV_AWS_29", "CKV_AWS_30", "CKV_AWS_31"} <= failed
+
+
+# --- a second served model ------------------------------------------------------------------------
+@needs_checkov
+def test_the_checks_pass_with_a_second_served_model(tmp_path: Path) -> None:
+    """served_models adds a staging resource and two applications: cdk-nag (a finding interrupts the
+    synth), cfn-lint and checkov hold for that template too."""
+    template = synth_assembly(tmp_path, nag=True, served_models=("qwen3-8b=Qwen/Qwen3-8B@main",), gpu_node_count=4)
+    findings = cfn_lint(template)
+    assert [f for f in findings if f["Level"] == "Error"] == []
+    assert {f["Rule"]["Id"] for f in findings} <= ACCEPTED_WARNINGS
+    assert [(c["check_id"], c["resource"]) for c in checkov(template)["results"]["failed_checks"]] == []
