@@ -25,7 +25,7 @@ from .fault_tolerance import auth, failover, kv_guard
 from .fault_tolerance.failover import upstream as failover_upstream
 from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .phase import Phase
-from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, checkpoint_bytes
+from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, largest_checkpoint_bytes
 from .weights import node_cache
 from .weights.model_weights import Removal
 
@@ -186,7 +186,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
         image=config.image or versions.ray_image_uri(resolved_region),
         converge=converges(config),
         rollout_deadline_s=rollout_deadline_s(config),
-        serve_step_s=rollout.step_s(_largest_checkpoint(config)),
+        serve_step_s=rollout.step_s(largest_checkpoint_bytes([config.facts_of(m) for m in config.models])),
     )
 
 
@@ -282,14 +282,8 @@ def rollout_deadline_s(config: DeploymentConfig) -> int:
     """The rollout Job's deadline: the engines' start, an image pull and the largest served model's
     read (``rollout.deadline_s``; the catalogue's checkpoint size, else an unknown model's): every
     model's engines start at once on their own GPUs, so the slowest read bounds the wait."""
-    return rollout.deadline_s(_largest_checkpoint(config), IMAGE_DISK_GIB)
-
-
-def _largest_checkpoint(config: DeploymentConfig) -> int | None:
-    """The largest served model's checkpoint bytes; None when one is outside the catalogue and has
-    no config.json (``rollout``'s unknown-model size then)."""
-    sizes = [checkpoint_bytes(facts) if (facts := config.facts_of(m)) else None for m in config.models]
-    return None if None in sizes else max(s for s in sizes if s is not None)
+    largest = largest_checkpoint_bytes([config.facts_of(m) for m in config.models])
+    return rollout.deadline_s(largest, IMAGE_DISK_GIB)
 
 
 def region(config: DeploymentConfig) -> str:
@@ -546,12 +540,15 @@ def _served(config: DeploymentConfig, choice: ModelChoice, weights_uri: str | No
     )
 
 
-def with_staged_weights(models: Sequence[k8s.ServedModel], staged: k8s.Weights) -> tuple[k8s.ServedModel, ...]:
-    """``models`` with the stack's staged copy (``staged``: the settings' model as staged) given to
-    each model whose weights are the same repository and revision and name no copy of their own."""
+def with_staged_weights(
+    models: Sequence[k8s.ServedModel], staged: Sequence[k8s.Weights]
+) -> tuple[k8s.ServedModel, ...]:
+    """``models`` with the stack's staged copies (``staged``: the settings' models as staged) given
+    to each model whose weights are one's repository and revision and name no copy of their own."""
+    copies = {weights.words: weights for weights in staged if weights.staged_uri}
     return tuple(
-        dataclasses.replace(served, model=dataclasses.replace(served.model, weights=staged))
-        if served.model.weights.words == staged.words and not served.model.weights.staged_uri
+        dataclasses.replace(served, model=dataclasses.replace(served.model, weights=copies[served.model.weights.words]))
+        if served.model.weights.words in copies and not served.model.weights.staged_uri
         else served
         for served in models
     )

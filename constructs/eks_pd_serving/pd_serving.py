@@ -50,12 +50,13 @@ class PdServing(Construct):
     :param vpc: an existing VPC with private subnets (with egress) in two or more AZs.
         Default: a new VPC (10.0.0.0/16, public and private subnets in two AZs, NAT, flow logs).
     :param models: the served models, each a ``k8s.ServedModel`` (``mapping.served_model(config)`` is
-        the settings' one), behind one ingress that routes by ``model_id``, each with its own phase
-        applications and failover. A model whose ``k8s.Weights`` are the settings' model and
-        revision loads the stack's staged copy (weights_source=s3); any other loads what its
-        ``Weights`` say (the Hub at its revision, or a ``staged_uri`` the Ray workers can read).
-        Every model's GPUs are counted against the worker groups: a deployment that needs more is
-        refused at synth with the numbers. Default: None (the settings' model alone).
+        the settings' first), behind one ingress that routes by ``model_id``, each with its own phase
+        applications and failover; they replace the settings' models in the serve config. A model
+        whose ``k8s.Weights`` are the repository and revision of one the settings stage
+        (``model_source``, ``served_models``; weights_source=s3) loads that staged copy; any other
+        loads what its ``Weights`` say (the Hub at its revision, or a ``staged_uri`` the Ray workers
+        can read). Every model's GPUs are counted against the worker groups: a deployment that needs
+        more is refused at synth with the numbers. Default: None (the settings' models).
     """
 
     def __init__(
@@ -167,7 +168,8 @@ class PdServing(Construct):
             staged_uris={model_id: uri for model_id, (uri, _) in weights.more.items()} if weights else None,
         )
         if self.models is not None:
-            props = replace(props, models=mapping.with_staged_weights(self.models, props.models[0].model.weights))
+            staged = [served.model.weights for served in props.models]
+            props = replace(props, models=mapping.with_staged_weights(self.models, staged))
         props = with_rollout_program(props)
         refuse_gpu_shortfall(self, props)  # before the rollouts are planned from the models
         # The rollouts decided once, from the props the manifest applies.

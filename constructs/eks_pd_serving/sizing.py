@@ -18,6 +18,7 @@ vLLM's rules, as its log states them:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .catalog import InstanceFacts, ModelFacts
@@ -329,6 +330,15 @@ def checkpoint_bytes(model: ModelFacts) -> int:
     weight, the vision tower included (it is in the checkpoint whether or not it is loaded)."""
     params = model.params + model.vision_params
     return _weight_bytes(model, params, CHECKPOINT_DTYPE_BYTES, fp8=model.checkpoint_quantization == "fp8")
+
+
+def largest_checkpoint_bytes(models: Sequence[ModelFacts | None]) -> int | None:
+    """The largest of the served models' checkpoints (what bounds a rollout or a node's return:
+    every model's engines read at once); None when there is none or one's size is unknown (a model
+    the catalogue does not size)."""
+    if not models or any(m is None for m in models):
+        return None
+    return max(checkpoint_bytes(m) for m in models if m is not None)
 
 
 def root_volume_needed_gib(model: ModelFacts, copies: int = 1) -> int:

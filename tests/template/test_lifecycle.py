@@ -38,6 +38,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "autoscaling_decode_max_3": {"autoscaling": True, "decode_max_replicas": 3},
     "capacity_block": {"gpu_layout": "per_phase", "decode_capacity": "capacity-block:cr-0123456789abcdef0",
                        "availability_zones": "us-east-1a,us-east-1b", "gpu_availability_zone": "us-east-1a"},
+    "second_model": {"gpu_node_count": 4, "served_models": "qwen3-8b=Qwen/Qwen3-8B@main"},
     # The longest service name the settings accept: the rollout Job's name must still fit a label.
     "long_name": {"ray_service_name": "a" * 40},
     "all": {"endpoint_exposure": "internal", "autoscaling": True, "gpu_layout": "per_phase",
@@ -89,7 +90,7 @@ def test_the_update_from_the_one_manifest_layout_moves_the_namespace_before_any_
 def test_the_rules_cover_every_variant_the_issue_names() -> None:
     # Default, internal, autoscaling, per_phase, observability off, and all options at once.
     assert {"default", "internal", "autoscaling", "per_phase", "observability_off", "all"} <= set(VARIANTS)
-    assert len(rules.TEMPLATE_RULES) == 19 and len(rules.UPDATE_RULES) == 4
+    assert len(rules.TEMPLATE_RULES) == 20 and len(rules.UPDATE_RULES) == 4
 
 
 # --- each defect, failing on the template before its fix ------------------------------------------
@@ -537,6 +538,22 @@ def test_a_rollout_job_name_over_a_label_value_is_found_on_the_template_before_t
     assert len(job) == 63 and job.startswith("a" * 37 + "-rollout-")
     (serve,) = [name for name in _job_names(variants["long_name"]) if "-serve-rollout-" in name]
     assert len(serve) == 63 and serve.startswith("a" * 31 + "-serve-rollout-")
+
+
+def test_the_engines_rule_fails_when_the_ray_service_does_not_wait_for_a_staged_revision(
+    variants: dict[str, StackModel],
+) -> None:
+    rule = "engines_start_after_their_weights"
+    template = variants["second_model"].template
+    (second,) = [name for name, r in template["Resources"].items()
+                 if r["Type"] == "Custom::ModelWeights" and r["Properties"]["Model"] == "Qwen/Qwen3-8B"]  # fmt: skip
+    assert _found(variants["second_model"], rule) == []
+    broken = json.loads(json.dumps(template))
+    for resource in broken["Resources"].values():  # the edge gone, directly and through the serve rollout
+        if second in (resource.get("DependsOn") or []):
+            resource["DependsOn"] = [d for d in resource["DependsOn"] if d != second]
+    (finding,) = _found(StackModel(broken), rule)
+    assert finding.missing == f"no dependency on {second} (its engines read that revision)"
 
 
 def _job_names(model: StackModel) -> list[str]:

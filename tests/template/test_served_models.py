@@ -182,3 +182,31 @@ def test_cost_prices_each_models_staged_weights() -> None:
     lines, _ = estimate(template, "us-east-1", datetime.date(2026, 12, 6))
     staged = sorted((line.item, line.quantity) for line in lines if line.item.startswith("Model weights in S3"))
     assert staged == [("Model weights in S3", 16.4), ("Model weights in S3", 18.0)]
+
+
+def test_the_largest_checkpoint_bounds_the_wait_and_an_unknown_one_takes_the_unknown_size() -> None:
+    from eks_pd_serving.catalog import MODELS
+    from eks_pd_serving.sizing import checkpoint_bytes, largest_checkpoint_bytes
+
+    small, large = MODELS["Qwen/Qwen3-8B"], MODELS["Qwen/Qwen3-30B-A3B-FP8"]
+    assert largest_checkpoint_bytes([small, large]) == checkpoint_bytes(large) > checkpoint_bytes(small)
+    assert largest_checkpoint_bytes([small, None]) is None and largest_checkpoint_bytes([]) is None
+
+
+def test_a_typed_model_of_a_staged_revision_loads_that_copy() -> None:
+    """``PdServing(models=...)`` replaces the settings' models; a value whose weights are one of the
+    revisions the settings stage (here ``served_models``' second) loads that staged copy."""
+    from dataclasses import replace
+
+    import aws_cdk as cdk
+
+    from eks_pd_serving import PdServing, k8s, mapping
+
+    config = DeploymentConfig.create(**TWO)
+    first = mapping.served_model(config)
+    second = replace(first, name="q8", model=replace(first.model, model_id="q8",
+                                                     weights=k8s.Weights("Qwen/Qwen3-8B", REVISION)))  # fmt: skip
+    serving = PdServing(cdk.Stack(cdk.App(), "Typed"), "PdServing", config=config, models=[first, second])
+    assert serving.weights is not None
+    staged = {m.model.model_id: m.model.weights.staged_uri for m in serving.ray_service.props.models}
+    assert staged == {"qwen3.5-9b": serving.weights.uri, "q8": serving.weights.more["qwen3-8b"][0]}

@@ -173,6 +173,28 @@ def test_delete_stops_a_build_still_running_and_leaves_the_weights_to_the_bucket
     assert handler.is_complete(event) == {"IsComplete": True}
 
 
+def test_delete_stops_only_the_build_of_its_own_revision() -> None:
+    """Several served models share the job: removing one model's staging stops its build, not a
+    build staging another model's revision."""
+    client, stub = _codebuild()
+    stub.add_response("list_builds_for_project", {"ids": ["job:3", "job:2"]},
+                      {"projectName": "job", "sortOrder": "DESCENDING"})  # fmt: skip
+
+    def staging(build_id: str, prefix: str) -> dict[str, Any]:
+        variables = [{"name": "PREFIX", "value": prefix, "type": "PLAINTEXT"}]
+        return {"id": build_id, "buildStatus": "IN_PROGRESS", "environment": {
+            "type": "LINUX_CONTAINER", "image": "i", "computeType": "BUILD_GENERAL1_LARGE",
+            "environmentVariables": variables}}  # fmt: skip
+
+    builds = [staging("job:3", "models/Qwen/Qwen3-8B/main"), staging("job:2", PREFIX)]
+    stub.add_response("batch_get_builds", {"builds": builds}, {"ids": ["job:3", "job:2"]})
+    stub.add_response("stop_build", {"build": {"id": "job:2"}}, {"id": "job:2"})
+    event = {"RequestType": "Delete", "ResourceProperties": PROPS, "PhysicalResourceId": "p"}
+    with stub:
+        assert handler.on_event(event, codebuild=client) == {"PhysicalResourceId": "p"}
+    stub.assert_no_pending_responses()
+
+
 def test_delete_with_no_build_stops_nothing() -> None:
     client, stub = _codebuild()
     # A project that never built: the answer has no ids at all (the model's list has a minimum of one).

@@ -1,8 +1,8 @@
 """GPU accounting over every served model: the GPUs each phase's replicas ask (replicas, or the most
 an autoscaled phase may run, times its tensor-parallel size) against what the worker groups they are
 placed on hold (their pods, or the most an autoscaled group may run, times each pod's GPUs). The
-settings' rules check one model against the settings; this checks the typed props, so a model added
-as a value is counted too."""
+settings' rules count the settings' models (``model_source`` and ``served_models``) and name the
+setting to change; this checks the typed props, so a model added as a value is counted too."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from ..catalog import MODELS
 from ..endpoint import proxy
 from ..layout import GPU_NODE_LABELS, SYSTEM_NODE_LABELS
 from ..rollout import digest_annotation, env_names, node_replacement_s
-from ..sizing import IMAGE_DISK_GIB, checkpoint_bytes
+from ..sizing import IMAGE_DISK_GIB, largest_checkpoint_bytes
 from . import facts, needs, rollout
 from .graph import Resource, StackModel, placeholders
 
@@ -63,12 +63,12 @@ def _rolling_update(resource: Resource) -> str:
 
 
 def _node_time(stack: StackModel | None, nodes: int) -> str:
-    """About how long the group's nodes take to serve again, replaced one at a time."""
-    checkpoint = None
-    for staged in (r for r in (stack.resources.values() if stack else ()) if r.type == "Custom::ModelWeights"):
-        model = MODELS.get(str(staged.properties.get("Model")))
-        checkpoint = checkpoint_bytes(model) if model else None
-    each = node_replacement_s(checkpoint, IMAGE_DISK_GIB)
+    """About how long the group's nodes take to serve again, replaced one at a time: the largest
+    staged model's read bounds it (None, an unknown model's size, when one is outside the catalogue
+    or nothing is staged), as the rollout's deadline takes it."""
+    staged = [r for r in (stack.resources.values() if stack else ()) if r.type == "Custom::ModelWeights"]
+    largest = largest_checkpoint_bytes([MODELS.get(str(r.properties.get("Model"))) for r in staged])
+    each = node_replacement_s(largest, IMAGE_DISK_GIB)
     return (
         f"about {each // 60} min a node until its engine serves (node, image pull, weights from S3, a first engine "
         f"start: docs/features/cold-start.md), {nodes} node(s) one after another"

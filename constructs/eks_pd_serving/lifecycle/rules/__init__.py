@@ -36,6 +36,7 @@ from .reservations import (
     reserved_groups_roll_without_a_surge,
 )
 from .updates import (
+    engines_start_after_their_weights,
     moved_objects_applied_before_prune,
     named_log_groups_preflighted,
     old_pods_keep_what_they_mount,
@@ -79,6 +80,7 @@ TEMPLATE_RULES: dict[str, Callable[[StackModel], list[Finding]]] = {
         waited_jobs_are_pruned,
         waited_jobs_leave_after_they_finish,
         waited_jobs_fit_their_names,
+        engines_start_after_their_weights,
     )
 }
 
@@ -102,6 +104,7 @@ __all__ = [
     "capacity_blocks_scale_to_zero_before_their_end",
     "check",
     "checks_never_refuse_a_rollback",
+    "engines_start_after_their_weights",
     "finalized_objects_outlive_no_controller",
     "head_cpu_m",
     "kubectl_resources_outlive_api_route",

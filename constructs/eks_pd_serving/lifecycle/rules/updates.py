@@ -111,6 +111,25 @@ def moved_objects_applied_before_prune(before: StackModel, after: StackModel) ->
 WAIT = "Custom::AWSCDK-EKS-KubernetesObjectValue"
 
 
+# One staged revision of a served model (weights/model_weights.py's custom resource).
+STAGED_WEIGHTS = "Custom::ModelWeights"
+
+
+def engines_start_after_their_weights(model: StackModel) -> list[Finding]:
+    """The RayService's manifest is applied after every revision it serves is staged (each served
+    model's ``Custom::ModelWeights``): its engines read their revision at their start, and one started
+    on a prefix still empty fails its start over and over until the deploy's wait gives up."""
+    found = []
+    staged = [r.id for r in model.of_type(STAGED_WEIGHTS)]
+    for manifest in model.of_type(facts.MANIFEST):
+        if any(obj.kind == "RayService" for obj in facts.kube_objects(manifest)):
+            for revision in staged:
+                found += needs_edge(
+                    model, "engines_start_after_their_weights", manifest.id, revision, "its engines read that revision"
+                )
+    return found
+
+
 def _waited_jobs(model: StackModel) -> dict[str, tuple[str, facts.KubeObject]]:
     """Job name -> (its manifest resource, the Job), for each Job the deploy waits on."""
     waited = {

@@ -23,7 +23,7 @@ def on_event(event: dict[str, Any], context: Any = None, codebuild: Any = None) 
 
         codebuild = boto3.client("codebuild")
     if event["RequestType"] == "Delete":
-        stop_running_builds(codebuild, props["ProjectName"])
+        stop_running_builds(codebuild, props["ProjectName"], props["Prefix"])
         return {"PhysicalResourceId": event.get("PhysicalResourceId", physical_id)}
     overrides = [{"name": name, "value": str(props[key]), "type": "PLAINTEXT"}
                  for name, key in (("MODEL", "Model"), ("REVISION", "Revision"), ("PREFIX", "Prefix"))]  # fmt: skip
@@ -31,16 +31,28 @@ def on_event(event: dict[str, Any], context: Any = None, codebuild: Any = None) 
     return {"PhysicalResourceId": physical_id, "Data": {"BuildId": build["build"]["id"]}}
 
 
-def stop_running_builds(codebuild: Any, project: str) -> list[str]:
-    """Stop the project's builds still in progress (newest first; the job runs one at a time, so
-    the first page holds any that run); return their ids."""
+def stop_running_builds(codebuild: Any, project: str, prefix: str) -> list[str]:
+    """Stop the project's builds still in progress that stage ``prefix`` (newest first: the first
+    page holds any that run); return their ids. The job stages every served model's revision, one
+    build each (``PREFIX`` in its environment): deleting one model's resource leaves the others'
+    builds running. A build that names no prefix is stopped too (nothing says whose it is)."""
     ids = codebuild.list_builds_for_project(projectName=project, sortOrder="DESCENDING").get("ids", [])[:100]
     if not ids:
         return []
-    running = [b["id"] for b in codebuild.batch_get_builds(ids=ids)["builds"] if b["buildStatus"] == "IN_PROGRESS"]
+    running = [
+        b["id"]
+        for b in codebuild.batch_get_builds(ids=ids)["builds"]
+        if b["buildStatus"] == "IN_PROGRESS" and _staged_prefix(b) in (prefix, None)
+    ]
     for build_id in running:
         codebuild.stop_build(id=build_id)
     return running
+
+
+def _staged_prefix(build: dict[str, Any]) -> str | None:
+    """The ``PREFIX`` a build stages, from its environment (the start's override); None without one."""
+    variables = (build.get("environment") or {}).get("environmentVariables") or []
+    return next((v.get("value") for v in variables if v.get("name") == "PREFIX"), None)
 
 
 def is_complete(event: dict[str, Any], context: Any = None, codebuild: Any = None, s3: Any = None) -> dict[str, Any]:
