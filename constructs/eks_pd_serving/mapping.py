@@ -27,7 +27,7 @@ from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .phase import Phase
 from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, largest_checkpoint_bytes
 from .weights import node_cache
-from .weights.model_weights import Removal
+from .weights.model_weights import COMPILE_PREFIX, Removal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -449,7 +449,14 @@ def node_cache_spec(config: DeploymentConfig, image: str) -> k8s.NodeCacheSpec |
         mount_path=node_cache.CACHE_PATH,
         compile_key=node_cache.compile_key(image),
         fill_callback=node_cache.callback_class(),
+        compile_prefix=f"{COMPILE_PREFIX}/{node_cache.compile_key(image)}" if shares_compile_caches(config) else None,
     )
+
+
+def shares_compile_caches(config: DeploymentConfig) -> bool:
+    """The GPU nodes share their compile caches through the weights bucket (``shared_compile_cache``,
+    which needs the node cache and the bucket)."""
+    return config.shared_compile_cache and config.node_cache and config.weights_source == "s3"
 
 
 def failover_program(config: DeploymentConfig) -> k8s.PodProgram:

@@ -267,6 +267,9 @@ class PdServing(Construct):
             if self.weights:
                 self.weights.grant_read(role)
                 nag.acknowledge(role, nag.model_readers(self.weights.bucket))
+                if mapping.shares_compile_caches(self.config):
+                    self.weights.share_compile_caches(role)
+                    nag.acknowledge(role, nag.compile_sharers(self.weights.bucket))
             if self.api_keys:
                 self.api_keys.grant_read(role)
         if self.api_keys or self.gcs_store:

@@ -2,7 +2,9 @@
 stream of greedy streamed chat requests on 127.0.0.1 while one fault at a time is injected, each a
 unit of the ``registry`` (``fault``'s ``Fault``: what it injects, how it heals, what it must show):
 ``hostile`` (requests a client may not send, through the endpoint and straight to each engine),
-``replica`` (the decode or the prefill replica killed), ``poison`` (a request whose dispatch kills
+``replica`` (the decode or the prefill replica killed), ``new_disk`` (a new node's disk: the compile
+caches removed, the prefill replica killed, its successor extracting the shared ones), ``poison``
+(a request whose dispatch kills
 decode's engine), ``kv`` (the KV link cut and healed), ``replace`` (the runbook's decode
 replacement), ``update`` (a user's next deploy, rolled as the serve rollout Job rolls it) and
 ``gcs`` (the Ray head's GCS killed, restarted from its store). docs/development/rehearsals.md has

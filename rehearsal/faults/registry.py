@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import gcs, hostile, kv, poison, replace, replica, update
+from . import gcs, hostile, kv, new_disk, poison, replace, replica, update
 from .fault import Fault
 
 FAULTS: tuple[Fault, ...] = (
@@ -13,6 +13,7 @@ FAULTS: tuple[Fault, ...] = (
     replica.DECODE,
     poison.FAULT,
     replica.PREFILL,
+    new_disk.FAULT,
     kv.FAULT,
     replace.FAULT,
     update.FAULT,

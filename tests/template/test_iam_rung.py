@@ -31,7 +31,17 @@ from iam_rung import (
     record,
     resolve,
 )
-from support import FIXTURES, ROOT, capacity_properties, moto_aws, moto_s3, stubbed_quotas, synth_assembly
+from support import (
+    FIXTURES,
+    ROOT,
+    capacity_properties,
+    moto_aws,
+    moto_s3,
+    ray_service,
+    serve_args,
+    stubbed_quotas,
+    synth_assembly,
+)
 
 from eks_pd_serving.capacity import handler as capacity_handler
 from eks_pd_serving.endpoint.proxy import eks_pd_api_keys as api_keys_proxy
@@ -256,6 +266,22 @@ def test_the_rung_fails_on_the_revision_narrowed_grant() -> None:
     ]
 
 
+def _record_default_session(recorded: list[Call]) -> None:
+    """Every S3 call of the default session's clients (the pod code's ``boto3.client``), as AWS
+    authorizes it, into ``recorded``."""
+    boto3.setup_default_session(region_name="us-east-1")
+    assert boto3.DEFAULT_SESSION is not None
+
+    def keep(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
+        context["eks_pd_params"] = {k: params[k] for k in ("Bucket", "Key", "Prefix") if k in params}
+
+    def after(parsed: dict[str, Any], model: Any, context: Any = None, **_: Any) -> None:
+        recorded.extend(authorizations("s3", model.name, (context or {}).get("eks_pd_params", {}), parsed))
+
+    boto3.DEFAULT_SESSION.events.register("provide-client-params.s3.*", keep)
+    boto3.DEFAULT_SESSION.events.register("after-call.s3.*", after)
+
+
 def _node_cache_calls(prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Call]:
     """The calls the node cache's fill makes on a node without a copy, then on one with it (a
     restart), each as AWS authorizes it (moto answers; the rung applies S3's 403 rule)."""
@@ -270,20 +296,57 @@ def _node_cache_calls(prefix: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
         entries = {n: {"bytes": 1, "sha256": hashlib.sha256(b"x").hexdigest()} for n in weights}
         body = json.dumps({"files": entries})
         s3.put_object(Bucket=BUCKET_NAME, Key=f"{prefix}/{node_cache_fill.MANIFEST}", Body=body)
-        boto3.setup_default_session(region_name="us-east-1")
-        assert boto3.DEFAULT_SESSION is not None
-
-        def keep(params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
-            context["eks_pd_params"] = {k: params[k] for k in ("Bucket", "Key", "Prefix") if k in params}
-
-        def after(parsed: dict[str, Any], model: Any, context: Any = None, **_: Any) -> None:
-            recorded.extend(authorizations("s3", model.name, (context or {}).get("eks_pd_params", {}), parsed))
-
-        boto3.DEFAULT_SESSION.events.register("provide-client-params.s3.*", keep)
-        boto3.DEFAULT_SESSION.events.register("after-call.s3.*", after)
+        _record_default_session(recorded)
         for _ in range(2):
             node_cache_fill.fill(f"s3://{BUCKET_NAME}/{prefix}", tmp_path / "main")
     return recorded
+
+
+def _compile_share_calls(key: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Call]:
+    """The calls of the compile caches' sharing as two nodes make them: the first finds no archive
+    (GET, 404), shares (HEAD, 404; PUT), a second node fills from it (GET) and shares nothing."""
+    recorded: list[Call] = []
+    with moto_aws(monkeypatch):
+        boto3.client("s3", region_name="us-east-1").create_bucket(Bucket=BUCKET_NAME)
+        _record_default_session(recorded)
+        for name, kernels in (("first", True), ("second", False)):
+            env = {v: str(tmp_path / name / v.lower()) for v in node_cache_fill.COMPILE_ENV}
+            if kernels:
+                (Path(env["TRITON_CACHE_DIR"]) / "k").mkdir(parents=True)
+                (Path(env["TRITON_CACHE_DIR"]) / "k" / "kernel.cubin").write_bytes(b"x")
+            node_cache_fill.fill_compiled(BUCKET_NAME, key, env)
+            node_cache_fill.share_compiled(BUCKET_NAME, key, env)
+    return recorded
+
+
+def _compiled_key() -> str:
+    """The default decode engine's archive key (the pods derive the bucket from its weights)."""
+    return str(serve_args(ray_service())["decode_config"]["callback_config"]["callback_kwargs"]["compiled"])
+
+
+def test_the_workers_role_allows_sharing_the_compile_caches(
+    synthesized: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    key = _compiled_key()
+    calls = _compile_share_calls(key, monkeypatch, tmp_path)
+    assert Call("s3:PutObject", f"arn:aws:s3:::{BUCKET_NAME}/{key}") in calls
+    assert Call("s3:ListBucket", f"arn:aws:s3:::{BUCKET_NAME}", why=f"{key} is missing: 404 not 403") in calls
+    assert denied(principal_policies(synthesized, _workers_role(synthesized), _names(synthesized)), calls) == []
+
+
+def test_the_rung_fails_on_a_prefix_conditioned_list_for_the_compile_caches(
+    synthesized: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The grant as first drafted (list only under ``compile/``): S3 answers a missing archive 403,
+    which the pods would take for a refusal and never share."""
+    policies = principal_policies(synthesized, _workers_role(synthesized), _names(synthesized))
+    narrowed = [
+        {**s, "Condition": {"StringLike": {"s3:prefix": ["compile/*"]}}}
+        if s.get("Action") == "s3:ListBucket" and "Condition" not in s else s
+        for s in policies
+    ]  # fmt: skip
+    missing = denied(narrowed, _compile_share_calls(_compiled_key(), monkeypatch, tmp_path))
+    assert missing and all(m.startswith(f"s3:ListBucket on arn:aws:s3:::{BUCKET_NAME}") for m in missing)
 
 
 def test_the_workers_role_allows_the_node_cache_fill_on_the_staged_revision_and_the_one_before(

@@ -99,12 +99,19 @@ def test_the_workers_read_the_staged_revisions_only_through_pod_identity(default
     role_id = association["RoleArn"]["Fn::GetAtt"][0]
     (policy,) = [p for p in resources_of_type(default, "AWS::IAM::Policy").values()
                  if {"Ref": role_id} in p["Properties"]["Roles"]]  # fmt: skip
-    statements = {json.dumps(s["Action"]): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-    assert set(statements) == {'"s3:GetObject"', '"s3:ListBucket"', '"kms:Decrypt"'}
+    every = policy["Properties"]["PolicyDocument"]["Statement"]
+    # The compile archives (shared_compile_cache, on by default): read and written under compile/,
+    # the bucket listed (a missing archive is 404), encrypted through S3; tests/template/test_node_cache.py.
+    shares = [s for s in every if "s3:PutObject" in s["Action"] or "kms:GenerateDataKey" in s["Action"]
+              or (s["Action"] == "s3:ListBucket" and "Condition" not in s)]  # fmt: skip
+    assert len(shares) == 3
+    statements = {json.dumps(s["Action"]): s for s in every if s not in shares}
+    assert set(statements) == {'"s3:GetObject"', '"s3:ListBucket"'}
     # Every revision under models/, not the current one alone (G4: the old one serves until the new
     # one is staged; tests/template/test_iam_rung.py runs Ray's mirror against both).
     assert json.dumps(statements['"s3:GetObject"']["Resource"]).endswith('"/models/*"]]}')
     assert statements['"s3:ListBucket"']["Condition"] == {"StringLike": {"s3:prefix": ["models/*", "models"]}}
+    assert next(s for s in every if "s3:PutObject" in s["Action"])["Resource"]["Fn::Join"][1][-1] == "/compile/*"
 
 
 def test_the_ray_service_waits_for_the_staging_and_the_association(default: dict[str, Any]) -> None:

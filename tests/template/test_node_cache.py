@@ -106,7 +106,7 @@ def test_engines_load_the_nodes_copy_filled_from_the_staged_weights() -> None:
         assert llm["model_loading_config"]["model_source"] == folder
         assert llm["callback_config"] == {
             "callback_class": "eks_pd_node_cache:NodeWeights",
-            "callback_kwargs": {"source": WEIGHTS_URI},
+            "callback_kwargs": {"source": WEIGHTS_URI, "compiled": compiled_keys(service)[phase]},
         }
     spec, container = worker(service)
     assert {"name": "node-cache", "hostPath": {"path": node_cache.HOST_PATH, "type": "DirectoryOrCreate"}} in spec[
@@ -150,3 +150,61 @@ def test_without_the_node_cache_the_engines_read_s3_as_before() -> None:
     assert llm["model_loading_config"]["model_source"] == WEIGHTS_URI and "callback_config" not in llm
     spec, _ = worker(service)
     assert compile_env(service) == {} and all("hostPath" not in v for v in spec["volumes"])
+
+
+def compiled_keys(service: dict[str, Any]) -> dict[Phase, str | None]:
+    """Each engine's compile archive in its weights' bucket (None: not shared)."""
+    config = yaml.safe_load(service["spec"]["serveConfigV2"])
+    found = {}
+    for phase in PHASES:
+        callback = layout.llm_config(config, phase).get("callback_config") or {}
+        found[phase] = callback.get("callback_kwargs", {}).get("compiled")
+    return found
+
+
+def test_each_engine_shares_its_compile_caches_under_its_image_and_settings() -> None:
+    keys = compiled_keys(rendered())
+    prefix = f"compile/{node_cache.compile_key(RAY_IMAGE)}/"
+    assert all(str(k).startswith(prefix) and str(k).endswith(".tar.gz") for k in keys.values())
+    assert keys[Phase.PREFILL] != keys[Phase.DECODE]  # each engine's own settings
+    changed = compiled_keys(rendered(decode_max_num_seqs=4))
+    assert changed[Phase.PREFILL] == keys[Phase.PREFILL] and changed[Phase.DECODE] != keys[Phase.DECODE]
+    other_image = compiled_keys(rendered(image=RAY_IMAGE + "-next"))
+    assert all(not str(k).startswith(prefix) for k in other_image.values())
+    assert compiled_keys(rendered()) == keys  # deterministic: the same settings give the same keys
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"shared_compile_cache": False}, {"node_cache": False}, {"weights_uri": None, "weights_source": "huggingface"}],
+)
+def test_compile_caches_are_shared_only_with_the_setting_the_node_cache_and_the_bucket(
+    settings: dict[str, Any],
+) -> None:
+    assert set(compiled_keys(rendered(**settings)).values()) == {None}
+
+
+def _worker_statements(template: dict[str, Any]) -> list[dict[str, Any]]:
+    associations = resources_of_type(template, "AWS::EKS::PodIdentityAssociation").values()
+    (role,) = [a["Properties"]["RoleArn"]["Fn::GetAtt"][0] for a in associations
+               if a["Properties"]["ServiceAccount"] == "ray-llm-workers"]  # fmt: skip
+    policies = [p["Properties"] for p in resources_of_type(template, "AWS::IAM::Policy").values()]
+    return [s for p in policies if {"Ref": role} in p["Roles"] for s in p["PolicyDocument"]["Statement"]]
+
+
+def _writes(statements: list[dict[str, Any]]) -> list[Any]:
+    return [s["Resource"] for s in statements if "s3:PutObject" in s["Action"]]
+
+
+def test_workers_write_only_compile_archives_and_only_with_the_setting() -> None:
+    template = dict(Template.from_stack(build_stack()).to_json())
+    (resource,) = _writes(_worker_statements(template))
+    assert resource["Fn::Join"][1][-1] == "/compile/*"
+    (bucket,) = resources_of_type(template, "AWS::S3::Bucket").values()
+    assert bucket["Properties"]["LifecycleConfiguration"]["Rules"] == [
+        {"Id": "CompileCaches", "Prefix": "compile/", "ExpirationInDays": 30, "Status": "Enabled"}
+    ]
+    off = dict(Template.from_stack(build_stack(shared_compile_cache=False)).to_json())
+    assert _writes(_worker_statements(off)) == []
+    (bucket,) = resources_of_type(off, "AWS::S3::Bucket").values()
+    assert "LifecycleConfiguration" not in bucket["Properties"]

@@ -131,7 +131,7 @@ def test_each_engine_moves_kv_with_nixl_over_libfabric(default_service: dict[str
     # filled from the staged revision before each start.
     folder = "/var/cache/eks-pd/weights/Qwen--Qwen3.5-9B/main"
     assert config["model_loading_config"] == {"model_id": "qwen3.5-9b", "model_source": folder}
-    assert config["callback_config"]["callback_kwargs"] == {"source": STAGED_URI}
+    assert config["callback_config"]["callback_kwargs"]["source"] == STAGED_URI
     assert config["deployment_config"] == {}
     assert serve_args(default_service)[f"{phase}_deployment"] == {
         "name": f"{phase.title()}:qwen3_5-9b",

@@ -43,7 +43,10 @@ def test_a_second_model_is_one_more_entry_with_its_own_applications_weights_and_
         assert second["model_loading_config"]["model_source"] == (
             f"{node_cache.CACHE_PATH}/weights/Qwen--Qwen3-8B/{REVISION}"
         )
-        assert second["callback_config"]["callback_kwargs"] == {"source": staged_uris(config)["qwen3-8b"]}
+        assert second["callback_config"]["callback_kwargs"]["source"] == staged_uris(config)["qwen3-8b"]
+        # Its own compile archive: its own settings, never the first model's.
+        first = found[("qwen3.5-9b", phase)]["callback_config"]["callback_kwargs"]["compiled"]
+        assert second["callback_config"]["callback_kwargs"]["compiled"] != first
         # Sized for its own checkpoint: a dense 8B's KV per sequence is not the hybrid 9B's.
         sizing = config.sizing(phase, config.facts_of(config.models[1]))  # type: ignore[arg-type]
         assert sizing is not None

@@ -305,7 +305,8 @@ def test_the_kv_fault_without_iptables_stops_before_anything_starts_with_one_lin
     ran = subprocess.run([*command[:4], "kv,disk"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert (
         ran.returncode == 2
-        and "--faults: 'kv,disk': name one or more of hostile,decode,poison,prefill,kv,replace,update,gcs" in ran.stderr
+        and "--faults: 'kv,disk': name one or more of hostile,decode,poison,prefill,new-disk,kv,replace,update,gcs"
+        in ran.stderr
     )
 
 

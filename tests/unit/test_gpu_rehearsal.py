@@ -26,7 +26,7 @@ H200 = gpu_profile.GpuHost(gpus=2, total_bytes=int(139.8 * GIB), name="NVIDIA H2
 
 # The engines load the local checkpoint: the node cache's folder and callback go.
 LOCAL_WEIGHTS = ("model_loading_config/model_source", "callback_config/callback_class",
-                 "callback_config/callback_kwargs/source")  # fmt: skip
+                 "callback_config/callback_kwargs/source", "callback_config/callback_kwargs/compiled")  # fmt: skip
 
 
 def _changed(deployed: dict[str, Any], rehearsed: dict[str, Any]) -> set[str]:

@@ -40,7 +40,7 @@ def test_local_profile_changes_only_what_is_documented(template_file: Path) -> N
     assert set(before) - set(after) == {
         f"{app}/args/llm_config/callback_config/{key}"
         for app in ("pd-prefill", "pd-decode")
-        for key in ("callback_class", "callback_kwargs/source")
+        for key in ("callback_class", "callback_kwargs/source", "callback_kwargs/compiled")
     }
     # Every prompt disaggregated: the rehearsal's prompts are all short (profile.every_prompt_disaggregated).
     assert changed == {f"{app}/deployments/0/user_config/short_prompt_tokens" for app in ("pd-decode", "pd-openai")} | {

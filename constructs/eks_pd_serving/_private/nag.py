@@ -299,6 +299,16 @@ def model_readers(bucket: IConstruct) -> dict[str, str]:
     }
 
 
+def compile_sharers(bucket: IConstruct) -> dict[str, str]:
+    (bucket_id,) = _stack_ids(bucket)
+    return {
+        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/compile/*]": (
+            "The GPU workers share compile archives keyed by image and engine settings under compile/ "
+            "(shared_compile_cache); the keys are derived in the pods, one per engine settings."
+        ),
+    }
+
+
 def waiting_provider_framework(provider: IConstruct, on_event: IConstruct, is_complete: IConstruct) -> dict[str, str]:
     """aws-cdk-lib's Provider framework with an is_complete handler: three framework Lambdas and the
     Step Functions state machine that polls."""

@@ -148,6 +148,20 @@ class Settings(BaseModel):
         ),
         json_schema_extra=_hint("true or false"),
     )
+    shared_compile_cache: bool = Field(
+        True,
+        description=(
+            "Share the engines' compile caches (vLLM's, TorchInductor's, Triton's) between GPU nodes through the "
+            "weights bucket (with node_cache on and weights_source=s3; otherwise each node compiles its own). After an "
+            "engine's first healthy start on a node it uploads them once as compile/<image key>/<engine settings "
+            "digest>.tar.gz (a conditional write: the first node wins, nothing is overwritten), and a node that has "
+            "none extracts them before its engine starts, so no node compiles kernels another node of the same image "
+            "and settings compiled (about 80 s of a first start, measured on an H100). The GPU workers then may write "
+            "under compile/ (never under models/): a compromised worker could leave kernels that other nodes run. "
+            "Turn off to keep the workers read-only on the bucket. Archives expire 30 days after their upload."
+        ),
+        json_schema_extra=_hint("true or false"),
+    )
     gpu_node_count: int = Field(
         2,
         ge=1,
@@ -746,7 +760,8 @@ SECTIONS: dict[str, tuple[str, ...]] = {
     ),
     "Model and weights": (
         "model_id", "model_source", "model_config_json", "model_revision", "weights_source",
-        "hf_token_secret", "served_models", "model_bucket_removal", "max_model_len", "dtype", "multimodal",
+        "hf_token_secret", "served_models", "model_bucket_removal", "shared_compile_cache", "max_model_len", "dtype",
+        "multimodal",
     ),
     "Engines": (
         "gpu_memory_utilization", "quantization", "prefill_enforce_eager", "decode_enforce_eager",

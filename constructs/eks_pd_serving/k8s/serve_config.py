@@ -158,10 +158,11 @@ def build_llm_config(
     }
     if weights.staged_uri and node_cache:
         # Ray runs it on each node of the replica's placement group before the engine reads the folder.
-        config["callback_config"] = {
-            "callback_class": node_cache.fill_callback,
-            "callback_kwargs": {"source": weights.staged_uri},
-        }
+        kwargs: dict[str, Any] = {"source": weights.staged_uri}
+        compiled = node_cache.compiled_key(config)
+        if compiled:  # in the staged copy's bucket: filled beside the weights, shared after a healthy start
+            kwargs["compiled"] = compiled
+        config["callback_config"] = {"callback_class": node_cache.fill_callback, "callback_kwargs": kwargs}
     config["experimental_configs"] = {"NIXL_SIDE_CHANNEL_PORT_BASE": nixl_port_base(phase, model_index)}
     if engine.placement_resource:
         # One bundle per tensor-parallel rank, each on a GPU of this phase's worker group.

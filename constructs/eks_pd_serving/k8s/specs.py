@@ -3,6 +3,8 @@ Both the chart (ray_service.py) and the serve config (serve_config.py) read them
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,6 +127,20 @@ class NodeCacheSpec:
     compile_key: str
     #: The fill's import path (``module:Class``), shipped as ``RayServiceProps.node_cache_program``.
     fill_callback: str
+    #: Where a staged model's engines share their compile caches in its weights' bucket: one archive
+    #: per engine settings under this prefix (``compiled_key``), filled before an engine starts and
+    #: uploaded once after its first healthy start; the workers need read and write there. Default:
+    #: None (each node compiles its own).
+    compile_prefix: str | None = None
+
+    def compiled_key(self, llm_config: dict[str, Any]) -> str | None:
+        """The compile archive's key of one engine's ``LLMConfig`` (its model and engine settings:
+        vLLM's and Triton's own keys inside the archive are of the same), or None when not shared."""
+        if self.compile_prefix is None:
+            return None
+        what = {k: llm_config[k] for k in ("model_loading_config", "engine_kwargs")}
+        digest = hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:16]
+        return f"{self.compile_prefix}/{digest}.tar.gz"
 
     def weights_folder(self, weights: Weights) -> str:
         """Where a node keeps one revision of a model (no deploy-time token in it)."""

@@ -9,7 +9,9 @@ The parts, in order (each the gap between two lines, or vLLM's own figure):
 - ``actor``: the new replica's actor up (a Ray worker process, its imports, the deployment's
   constructor reached): "Started initializing replica";
 - ``node_init``: the weights made ready on the node: the node cache's fill in the replica, until its
-  line (None when Ray Serve LLM's per-node download tasks did it: their end is not logged);
+  line, or until its compile caches' line when it shares them (``compile_caches`` holds that line:
+  what it extracted); None when Ray Serve LLM's per-node download tasks did it (their end is not
+  logged);
 - ``engine_config``: Ray Serve LLM 2.58 builds vLLM's engine config in a Ray task on the GPU's
   bundle (a further Python process importing vLLM), until "Clearing the current platform cache";
   under Ray's download tasks it includes them;
@@ -52,6 +54,7 @@ _INITIALIZING = "Started initializing replica"
 _RAY_TASKS = "Running tasks to download model files on worker nodes"
 _NODE_INIT_DONE = "Clearing the current platform cache"
 _IN_REPLICA = "(in the replica: Ray's per-node download tasks skipped)"  # eks_pd_node_cache.IN_REPLICA_LINE
+_COMPILE_CACHES = "compile caches: "  # eks_pd_node_cache's lines of fill_compiled and share_compiled
 # vLLM's lines: an optional (EngineCore pid=N) / (Worker pid=N) prefix, LEVEL MM-DD HH:MM:SS [file:line]
 _VLLM = re.compile(
     r"(?:\((?P<proc>EngineCore|Worker)[^()]*?pid=(?P<pid>\d+)\)\s+)?(?:INFO|WARNING|ERROR|DEBUG) "
@@ -91,6 +94,7 @@ class ReplicaStart:
     weights_ready: datetime.datetime | None = None  # the node cache's line, when it filled in the replica
     config_done: datetime.datetime | None = None  # "Clearing the current platform cache": config built too
     node_init_how: str | None = None  # "ray tasks" or "in the replica"
+    compile_caches: str | None = None  # the node cache's line on the shared compile caches, before the engine
     engine_core: datetime.datetime | None = None
     executor_worker: datetime.datetime | None = None
     weights_s: float | None = None
@@ -130,6 +134,7 @@ class ReplicaStart:
         return {
             "app": self.app, "deployment": self.deployment, "replica": self.replica,
             "starting": self.starting.isoformat(sep=" "), "node_init_how": self.node_init_how,
+            "compile_caches": self.compile_caches,
             "paired_by_time": self.paired_by_time, "parts_s": self.parts(),
         }  # fmt: skip
 
@@ -181,6 +186,9 @@ def replica_starts(lines: Iterable[str]) -> list[ReplicaStart]:
         elif message.endswith(_IN_REPLICA):
             start.node_init_how = "in the replica"
             start.weights_ready = at
+        elif message.startswith(_COMPILE_CACHES) and start.config_done is None:  # the fill, not the share
+            start.weights_ready = at
+            start.compile_caches = message
         elif message.startswith(_NODE_INIT_DONE):
             start.config_done = at
     ordered = sorted(starts.values(), key=lambda s: s.starting)

@@ -42,6 +42,11 @@ _OUTSIDE_VPC = "Calls only CodeBuild and S3 APIs; no ENI to release on destroy"
 
 
 WEIGHTS_PREFIX = "models"
+# The engines' compile caches, one archive per image and engine settings (``share_compile_caches``),
+# expired this long after their upload: a node of a newer image or other settings compiles and
+# shares its own, and an archive still in use is shared again by the next node that compiles it.
+COMPILE_PREFIX = "compile"
+COMPILE_EXPIRY = Duration.days(30)
 
 
 def weights_prefix(model_source: str, revision: str) -> str:
@@ -301,6 +306,26 @@ class ModelWeights(Construct):
             )
         )
         return self.key.grant(grantee, "kms:Decrypt")
+
+    def share_compile_caches(self, grantee: iam.IGrantable) -> None:
+        """Let ``grantee`` (the GPU workers) read and write the compile archives under ``compile/``:
+        get and put (the node cache's conditional write; S3 never overwrites an archive), list the
+        bucket (a missing archive is then 404, not 403: S3 checks ``s3:ListBucket`` for a missing key
+        without an ``s3:prefix``, so a prefix-conditioned grant does not count; the names it lists are
+        of the weights the workers read anyway), encrypt and decrypt through S3. No write under
+        ``models/``. Archives expire ``COMPILE_EXPIRY`` after their upload."""
+        principal = grantee.grant_principal
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(
+                actions=["s3:GetObject", "s3:PutObject"],
+                resources=[self.bucket.arn_for_objects(f"{COMPILE_PREFIX}/*")],
+            )
+        )
+        principal.add_to_principal_policy(
+            iam.PolicyStatement(actions=["s3:ListBucket"], resources=[self.bucket.bucket_arn])
+        )
+        self.key.grant(grantee, "kms:Decrypt", "kms:GenerateDataKey")
+        self.bucket.add_lifecycle_rule(id="CompileCaches", prefix=f"{COMPILE_PREFIX}/", expiration=COMPILE_EXPIRY)
 
     @property
     def uri(self) -> str:

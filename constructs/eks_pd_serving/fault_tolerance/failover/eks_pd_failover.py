@@ -880,6 +880,7 @@ class FailoverPrefillServer(_Prompts, PDPrefillServer):  # type: ignore[misc]
         self._pair = pair
         self._unpaired_seen: set[str] = set()
         await super().__init__(llm_config, **kwargs)
+        self._after_start = engine_started(self)
 
     def _unpaired(self, pair: str | None) -> Any:
         if pair is None or pair == self._pair:
@@ -930,6 +931,7 @@ class FailoverDecodeServer(_Prompts, PDDecodeServer):  # type: ignore[misc]
         self._paths = _Counter()
         handle = other_phase(prefill)
         await super().__init__(llm_config, prefill_server=handle, **kwargs)
+        self._after_start = engine_started(self)
 
     def reconfigure(self, user_config: Any) -> None:
         """The failover's settings (the deployment's ``user_config``): a change restarts nothing."""
@@ -1216,6 +1218,15 @@ def _error_response(
     """OpenAI's error shape, which its SDKs turn into the matching exception."""
     content = {"error": {"message": message, "type": kind, "param": param, "code": code}}
     return JSONResponse(status_code=code, content=content, headers=headers)
+
+
+def engine_started(server: Any) -> asyncio.Task[None] | None:
+    """Run the ``LLMConfig`` callback's ``on_engine_started``, if it has one, in the background once
+    the replica's engine started healthy (the node cache shares its compile caches then); the task,
+    which the replica keeps. Ray Serve LLM 2.58's callbacks have no hook after the engine's start."""
+    callback = server._llm_config.get_or_create_callback()
+    hook = getattr(callback, "on_engine_started", None)
+    return asyncio.get_running_loop().create_task(hook()) if hook is not None else None
 
 
 def other_phase(where: dict[str, str]) -> Any:

@@ -24,6 +24,16 @@ env turns the in-replica path off.
 One fill at a time per folder on a node (an ``flock`` on the node's disk, which every pod there
 shares); a replica that waited finds the copy complete. After a fill, the model's folders beyond the
 newest ``KEEP`` are removed: a revision change has two in play, the old and the new.
+
+The compile caches (vLLM's, TorchInductor's and Triton's folders, named by the workers' env
+``COMPILE_ENV``) are shared through the same bucket when ``callback_kwargs`` names ``compiled`` (a
+key under the bucket's ``compile/`` prefix, of the image and the engine's settings): before the
+engine starts, a node that holds no copy of that archive extracts it (``fill_compiled``: files it
+already has are kept, nothing outside the folders is written); after the engine started healthy
+(``on_engine_started``, which the engine servers call), a node whose caches came from no archive
+uploads them once (``share_compiled``: S3's conditional write, so the first node wins and nothing
+is overwritten). So a new node compiles no kernel that another node of the same image and settings
+already compiled.
 Standard library and boto3 (which the image's Ray uses for its own S3 mirror).
 """
 
@@ -62,6 +72,12 @@ FILES_AT_ONCE = 8
 PARTS_AT_ONCE = 8
 # Free space left on the node's disk after a fill (kubelet evicts pods below 10% free).
 FREE_MARGIN = 0.10
+# The compile caches' folders (the workers' env names them, each under one folder of the image's
+# key); an archive's members are named by the env name, so a node with other paths extracts right.
+COMPILE_ENV = ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# Beside the compile folders: this node's caches came from, or went to, the archive of that key.
+SHARED_MARK = ".shared-{}"
+COMPILE_LOCK = ".compile.lock"
 
 
 class NodeCacheError(RuntimeError):
@@ -258,6 +274,140 @@ def fill(source: str, folder: Path, *, keep: int = KEEP) -> str:
         )
 
 
+def compile_folders(env: Any = os.environ) -> dict[str, Path]:
+    """The compile caches' folders by env name (those the env sets)."""
+    return {name: Path(env[name]) for name in COMPILE_ENV if env.get(name)}
+
+
+def _mark(folders: dict[str, Path], key: str) -> Path:
+    root = Path(os.path.commonpath([str(p) for p in folders.values()]))
+    return root / SHARED_MARK.format(hashlib.sha256(key.encode()).hexdigest()[:16])
+
+
+def _missing(error: Exception) -> bool:
+    """S3's answer for a key not there: 404 (the workers may list ``compile/``, so never a 403)."""
+    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
+    return code in ("NoSuchKey", "404", "NotFound")
+
+
+def fill_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
+    """Extract the shared archive ``key`` into this node's compile folders, once per node and key;
+    files the node already has are kept. One line saying what was done."""
+    folders = compile_folders(env)
+    if not folders:
+        return "compile caches: no folders in the env; nothing shared"
+    mark = _mark(folders, key)
+    mark.parent.mkdir(parents=True, exist_ok=True)
+    with (mark.parent / COMPILE_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if mark.exists():
+            return f"compile caches: this node holds s3://{bucket}/{key} already"
+        client, _ = _s3()
+        started = time.monotonic()
+        try:
+            body = client.get_object(Bucket=bucket, Key=key)["Body"]
+        except Exception as error:
+            if _missing(error):
+                return f"compile caches: none shared at s3://{bucket}/{key} yet; this start compiles and shares them"
+            return f"compile caches: s3://{bucket}/{key} unreadable ({error}); this start compiles"
+        try:
+            written, skipped = _extract(body, folders)
+        except Exception as error:  # a damaged archive: what was extracted stays, the engine compiles the rest
+            mark.write_text(json.dumps({"key": key, "from": "s3", "error": str(error)}, sort_keys=True))
+            return f"compile caches: s3://{bucket}/{key} unreadable ({error}); this start compiles what is missing"
+        mark.write_text(json.dumps({"key": key, "from": "s3", "files": written}, sort_keys=True))
+        refused = f", {skipped} members skipped (not a file of the compile folders)" if skipped else ""
+        return (f"compile caches: {written} files from s3://{bucket}/{key} in "
+                f"{time.monotonic() - started:.1f} s{refused}")  # fmt: skip
+
+
+def _extract(body: Any, folders: dict[str, Path]) -> tuple[int, int]:
+    """The archive's regular files into their folders (members ``<ENV NAME>/<path>``), none over a
+    file the node has; a member that is no regular file of a named folder, or that tarfile's ``data``
+    filter refuses (``..``, an absolute path), is skipped. (written, skipped)."""
+    import tarfile
+
+    written = skipped = 0
+    with tarfile.open(fileobj=body, mode="r|gz") as archive:
+        for member in archive:
+            name, _, rest = member.name.partition("/")
+            rest = rest.lstrip("/")  # as the data filter reads it: inside the folder
+            if name not in folders or not rest or not member.isfile():
+                skipped += 1
+                continue
+            if (folders[name] / rest).exists():
+                continue
+            member.name = rest
+            try:
+                archive.extract(member, folders[name], filter="data")
+            except tarfile.FilterError:
+                skipped += 1
+                continue
+            written += 1
+    return written, skipped
+
+
+def _fill_compiled_line(bucket: str, key: str) -> str:
+    """``fill_compiled``'s line, or why it did not fill: the compile caches never fail a start."""
+    try:
+        return fill_compiled(bucket, key)
+    except Exception as error:
+        return f"compile caches: not filled ({type(error).__name__}: {error}); this start compiles"
+
+
+def share_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
+    """Upload this node's compile folders as the archive ``key`` unless this node's caches came from
+    it or S3 has it; write-once (``If-None-Match: *``): the first node to share wins."""
+    import tarfile
+    import tempfile
+
+    folders = compile_folders(env)
+    if not folders:
+        return "compile caches: no folders in the env; nothing shared"
+    mark = _mark(folders, key)
+    with (mark.parent / COMPILE_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if mark.exists():
+            return f"compile caches: s3://{bucket}/{key} holds this node's kernels already"
+        client, _ = _s3()
+        try:
+            client.head_object(Bucket=bucket, Key=key)
+            mark.write_text(json.dumps({"key": key, "from": "another node"}, sort_keys=True))
+            return f"compile caches: s3://{bucket}/{key} was shared by another node"
+        except Exception as error:
+            if not _missing(error):
+                raise
+        started = time.monotonic()
+        files = 0
+        with tempfile.TemporaryFile(dir=mark.parent) as spool:
+            with tarfile.open(fileobj=spool, mode="w:gz", compresslevel=1) as archive:
+                for name, folder in sorted(folders.items()):
+                    for path in sorted(folder.rglob("*")) if folder.is_dir() else []:
+                        if path.is_file() and not path.is_symlink() and not path.name.endswith(".lock"):
+                            try:
+                                archive.add(path, arcname=f"{name}/{path.relative_to(folder)}", recursive=False)
+                            except OSError:  # removed while walking (a kernel being replaced)
+                                continue
+                            files += 1
+            if not files:
+                return "compile caches: nothing compiled on this node yet; nothing shared"
+            size = spool.tell()
+            spool.seek(0)
+            try:
+                client.put_object(Bucket=bucket, Key=key, Body=spool, IfNoneMatch="*")
+            except Exception as error:
+                if str(getattr(error, "response", {}).get("Error", {}).get("Code", "")) not in (
+                    "PreconditionFailed",
+                    "412",
+                ):
+                    raise
+                mark.write_text(json.dumps({"key": key, "from": "another node"}, sort_keys=True))
+                return f"compile caches: s3://{bucket}/{key} was shared by another node first"
+        mark.write_text(json.dumps({"key": key, "from": "this node", "files": files}, sort_keys=True))
+        return (f"compile caches: shared {files} files ({size / 2**20:.1f} MiB) as s3://{bucket}/{key} in "
+                f"{time.monotonic() - started:.1f} s")  # fmt: skip
+
+
 try:  # the pods (and the rehearsals) have Ray; the package's tests import fill() without it
     from ray.llm._internal.common.callbacks.base import CallbackBase
 except ImportError:  # pragma: no cover - Ray-less import
@@ -302,9 +452,30 @@ class NodeWeights(CallbackBase):  # type: ignore[misc]
         # file and on its stderr (Serve's default), which RAY_LOG_TO_STDERR puts in the pod's log,
         # where verify reads it and the start's split (observability/replica_start.py) too.
         logging.getLogger("ray.serve").info(f"{line} {IN_REPLICA_LINE}")
+        compiled = self._compiled()
+        if compiled:  # after the weights' line: the split's node_init ends at this one
+            logging.getLogger("ray.serve").info(await asyncio.to_thread(_fill_compiled_line, *compiled))
+
+    def _compiled(self) -> tuple[str, str] | None:
+        """(bucket, key) of the shared compile archive, or None when the config shares none."""
+        key = self.kwargs.get("compiled")
+        return (split(self.kwargs["source"])[0], str(key)) if key else None
+
+    async def on_engine_started(self) -> None:
+        """After the engine started healthy (the engine servers call it): share the compile caches."""
+        compiled = self._compiled()
+        if compiled:
+            try:
+                line = await asyncio.to_thread(share_compiled, *compiled)
+            except Exception as error:  # sharing is an optimization: the replica serves regardless
+                line = f"compile caches: not shared ({type(error).__name__}: {error})"
+            logging.getLogger("ray.serve").info(line)
 
     def on_before_download_model_files_distributed(self) -> None:
         folder = Path(self.llm_config.model_loading_config.model_source)
         # Ray runs this in a task of its own, whose loggers are not Serve's: stderr reaches the pod's
         # log (RAY_LOG_TO_STDERR), where verify reads it.
         print(fill(self.kwargs["source"], folder), file=sys.stderr, flush=True)
+        compiled = self._compiled()
+        if compiled:
+            print(_fill_compiled_line(*compiled), file=sys.stderr, flush=True)
