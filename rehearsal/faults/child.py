@@ -28,27 +28,32 @@ from .update import deploy_config
 GPU_KV_ENV = {**KV_UCX_ENV, "UCX_TLS": "tcp,cuda_copy"}
 
 
-def _engines(run: RunArgs, ray_service: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The serve config as rehearsed here and the Ray processes' environment: the CPU profile, or
-    on NVIDIA GPUs the image's stack with Qwen3.5's own class and the GPU profile."""
+def _engines(run: RunArgs, ray_service: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str], Path | None]:
+    """The serve config as rehearsed here, the Ray processes' environment and the checkpoint a warm
+    node holds (None: the engines read a local checkpoint): on this CPU the tiny checkpoint, through
+    the node cache as deployed when the deployed config has it; on NVIDIA GPUs the image's stack
+    with Qwen3.5's own class and the GPU profile (``--weights``: the real size, through the node
+    cache)."""
     deployed = profile.serve_config(ray_service)
     if not run.gpu:
-        rehearsed = profile.local_profile(deployed, tiny_checkpoint.build(run.checkpoint.resolve()))
-        return rehearsed, {**profile.worker_env(ray_service), **LOCAL_ENV}
+        tiny = tiny_checkpoint.build(run.checkpoint.resolve())
+        cached = layout.llm_config(deployed, Phase.DECODE).get("callback_config") is not None
+        rehearsed = profile.local_profile(deployed, tiny, warm_node.staged_uri(deployed) if cached else None)
+        return rehearsed, {**profile.worker_env(ray_service), **LOCAL_ENV}, tiny if cached else None
     host = gpu_profile.detect_host()
+    env = gpu_profile.gpu_env(profile.worker_env(ray_service), host)
     if run.weights:  # the real size, through the node cache as deployed (warm_node seeds it)
         rehearsed = gpu_profile.gpu_profile(deployed, Path(run.weights), host, dummy_weights=False,
                                             staged_uri=warm_node.staged_uri(deployed))  # fmt: skip
-    else:
-        model_dir = qwen35_checkpoint.build((run.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
-        rehearsed = gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=False)
-    return rehearsed, gpu_profile.gpu_env(profile.worker_env(ray_service), host)
+        return rehearsed, env, Path(run.weights)
+    model_dir = qwen35_checkpoint.build((run.checkpoint.parent / "qwen3.5-tiny").resolve(), "tiny")
+    return gpu_profile.gpu_profile(deployed, model_dir, host, dummy_weights=False), env, None
 
 
 def run_child(run: RunArgs) -> int:
     events = Events(run.events)
     ray_service = profile.ray_service_from_template(run.template)
-    rehearsed, env = _engines(run, ray_service)
+    rehearsed, env, warm = _engines(run, ray_service)
     faults = registry.chosen(run.faults)
     model_id = layout.llm_config(rehearsed, Phase.DECODE)["model_loading_config"]["model_id"]
     for name in [k for k in env if k.startswith(("EKS_PD_API_KEYS", "RAY_SERVE_HTTP_PROXY"))]:
@@ -63,8 +68,8 @@ def run_child(run: RunArgs) -> int:
     http_port, metrics_port = free_port(), free_port()
     endpoint = Endpoint(f"http://127.0.0.1:{http_port}", model_id, f"http://127.0.0.1:{metrics_port}/metrics")
     with contextlib.ExitStack() as stack:
-        if run.weights:
-            env.update(stack.enter_context(warm_node.warm_node(Path(run.weights), rehearsed, free_port())))
+        if warm is not None:
+            env.update(stack.enter_context(warm_node.warm_node(warm, rehearsed, free_port())))
         setups = {f.key: f.setup(stack, ray_service, run) for f in faults}
         password = next((s.redis_password for s in setups.values() if s.redis_password), None)
         events.write({"type": "gcs_store", "on": password is not None})

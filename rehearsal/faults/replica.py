@@ -16,8 +16,9 @@ class ReplicaKilled(Fault):
         self.key = phase
         self.injects = f"SIGKILL to the {phase} replica's process {when}"
         self.heals = f"Serve starts a new {phase} replica"
-        # Under the failover a started decode stream cannot move (those in flight may fail); a
-        # prefill kill fails nothing (decode serves alone).
+        # Under the failover a started decode stream cannot move, and a request in flight at a dying
+        # engine is not replayed (it may have killed it: ``Poisoned``), so those in flight at either
+        # kill may fail; nothing else does (the other engine serves alone meanwhile).
         fails = "at most the requests in flight at it fail" if in_flight_may_fail else "no request fails"
         self.shows = (
             f"serves again within the bound; with the failover, {fails} and the pair serves disaggregated again"
@@ -35,4 +36,4 @@ class ReplicaKilled(Fault):
 
 
 DECODE = ReplicaKilled("decode", "while streams are in flight", in_flight_may_fail=True)
-PREFILL = ReplicaKilled("prefill", "while requests are in flight", in_flight_may_fail=False)
+PREFILL = ReplicaKilled("prefill", "while requests are in flight", in_flight_may_fail=True)

@@ -57,6 +57,11 @@ class Engine:
             raise ValueError("Must setup lora config for multiplexed requests.")
         if behaviour == "hangs":
             await asyncio.sleep(60)
+        if behaviour == "poisoned":  # decode's answer when prefill died serving this very request
+            # failover.poisoned_refusal's shape (this class runs where that module is not importable)
+            message = "the prefill engine died while serving this request; ..."
+            yield ErrorResponse(error=ErrorInfo(message=message, type="PdEngineDied", code=503))
+            return
         if behaviour in ("503", "400"):
             yield ErrorResponse(error=ErrorInfo(message=f"refused {behaviour}", type="X", code=int(behaviour)))
             return
@@ -93,7 +98,11 @@ async def main() -> None:
     assert isinstance(chunk, ErrorResponse) and chunk.error.code == 400
     # The choice was released: the replica takes the next request at once.
     assert await asyncio.wait_for(collect(ok), 10) == ["q:1", "q:2", "q:3"]
-    print("ok a server error before the first chunk is refused; a client error passes through")
+    # The other phase's verdict on this one request is an answer, not this replica's unavailability:
+    # passed through, so no breaker opens on a healthy decode (seen on the CPU: 3 requests refused).
+    (chunk,) = await collect(handle("poisoned"))
+    assert isinstance(chunk, ErrorResponse) and chunk.error.type == failover.POISONED_TYPE
+    print("ok a server error before the first chunk is refused; a client error and a poisoned refusal pass through")
 
     reason, _ = await refused(handle("raises"))
     assert "EngineDeadError" in reason, reason
@@ -318,7 +327,7 @@ if __name__ == "__main__":
         serve.start(http_options={"host": "127.0.0.1", "port": 0})
         targets = [
             RunTarget(Engine.bind(b), name=b, route_prefix=None)  # type: ignore[attr-defined]
-            for b in ("ok", "503", "400", "raises", "hangs", "dies", "client_error")
+            for b in ("ok", "503", "400", "poisoned", "raises", "hangs", "dies", "client_error")
         ]
         two = Engine.options(num_replicas=2)  # type: ignore[attr-defined]
         targets.append(RunTarget(two.bind("one_of_two"), name="one_of_two", route_prefix=None))

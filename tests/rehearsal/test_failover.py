@@ -12,7 +12,7 @@ import pytest
 CASES = Path(__file__).with_name("failover_cases.py")
 EXPECTED = (
     "a live replica's chunks stream through unchanged",
-    "a server error before the first chunk is refused; a client error passes through",
+    "a server error before the first chunk is refused; a client error and a poisoned refusal pass through",
     "an engine that raises, or answers later than first_s, is refused before any chunk",
     "no replica: refused after wait_s; the plain handle call is still held after 5 s (control)",
     "a replica that dies before its first chunk is refused",

@@ -144,7 +144,8 @@ class ReplicaStart:
         words = [f"{k} {v:.1f} s" for k, v in parts.items() if k != "total" and v is not None]
         how = f" (node init: {self.node_init_how})" if self.node_init_how else ""
         total = f"{parts['total']:.1f} s to RUNNING" if parts["total"] is not None else "not RUNNING yet"
-        return f"{self.phase} replica {self.replica}: {total}{how}: {', '.join(words)}"
+        compiled = f"; {self.compile_caches}" if self.compile_caches else ""
+        return f"{self.phase} replica {self.replica}: {total}{how}: {', '.join(words)}{compiled}"
 
 
 def _serve_time(text: str) -> datetime.datetime:

@@ -470,9 +470,11 @@ def error_of(chunk: Any) -> Any:
 
 
 def retryable(chunk: Any) -> str | None:
-    """Why a first chunk means the engine did not serve (a server-side error: 5xx), or None."""
+    """Why a first chunk means the engine did not serve (a server-side error: 5xx), or None. A
+    poisoned refusal (``POISONED_TYPE``: the other phase died serving this very request) is a verdict
+    on the request, answered by a healthy replica: passed through, so no breaker opens on it."""
     error = error_of(chunk)
-    if error is not None and (error.error.code or 500) >= 500:
+    if error is not None and (error.error.code or 500) >= 500 and error.error.type != POISONED_TYPE:
         return f"HTTP {error.error.code}: {error.error.message[:200]}"
     return None
 
