@@ -116,6 +116,37 @@ def test_the_9b_decode_killed_and_changed_on_a_warm_node_split_from_their_faults
     assert (cold.parts()["engine_init"], cold.parts()["total"]) == (82.49, 188.7)
 
 
+def test_a_new_disks_start_from_the_shared_compile_caches_on_the_gpu() -> None:
+    # 2026-12-06, one H200, the 9B from the node cache: the fresh machine's first prefill compiled
+    # Triton's kernels and shared them; after the node's compile folders were removed, its successor
+    # extracted them before its engine started, and its engine init compiled nothing.
+    starts = by_replica(captured("2026-12-06/compile-share/9b-new-disk-h200"))
+    first, successor = starts["yphi9fpw"], starts["zzrwj4b4"]
+    assert str(first.compile_caches).startswith("compile caches: none shared at s3://")
+    assert (first.parts()["engine_init"], first.parts()["total"]) == (85.91, 195.0)
+    assert str(successor.compile_caches).startswith("compile caches: 849 files from s3://")
+    assert successor.parts() == {
+        "serve_saw": 0.0, "actor": 20.2,
+        "node_init": 1.3,  # the weights' check and the archive's extraction (0.4 s), to its line
+        "engine_config": 23.0, "engine_process": 19.4, "executor_worker": 23.0, "weights": 2.682964,
+        "engine_init": 3.94, "to_running": 5.9, "total": 99.3,
+    }  # fmt: skip
+    assert successor.line().endswith("; compile caches: 849 files from s3://rehearsal-model-weights/compile/"
+                                     "6f36e7550484b70a/fe7e2d093a64ecf8.tar.gz in 0.4 s")  # fmt: skip
+    # The share after the engine started is not the start's: it does not move node_init's end.
+    assert not str(first.compile_caches).startswith("compile caches: shared ")
+
+
+def test_the_compile_caches_line_is_the_node_caches_own() -> None:
+    """Every line the node cache writes of its compile caches starts as the split reads it."""
+    source = Path(eks_pd_node_cache.__file__).read_text()
+    written = [
+        line.strip() for line in source.splitlines() if 'f"compile caches: ' in line or '"compile caches: ' in line
+    ]
+    assert len(written) >= 8
+    assert all(f'"{replica_start._COMPILE_CACHES}' in line for line in written)
+
+
 @pytest.mark.parametrize(
     ("drop", "missing"),
     [
