@@ -23,6 +23,7 @@ from eks_pd_serving.fault_tolerance import failover, kv_guard
 from eks_pd_serving.k8s import serve_config as serve_config_module
 from eks_pd_serving.phase import Phase
 from eks_pd_serving.weights import node_cache
+from eks_pd_serving.weights.node_cache import eks_pd_node_cache as node_cache_fill
 
 # The pod annotations holding the programs' digests (mapping.KV_GUARD_CODE, mapping.FAILOVER_CODE:
 # the rehearsal imports no CDK).
@@ -87,6 +88,16 @@ def worker_env(ray_service: dict[str, Any]) -> dict[str, str]:
     if folders:
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(folders))
     return env
+
+
+def forget_compile_marks() -> list[Path]:
+    """Remove this machine's node-cache marks of shared compile archives (``.shared-<key>`` beside
+    the compile folders): each names an archive of an S3 that a run's fresh moto does not hold, so
+    the run's engines look for, and share, their archives in its own; the compiled files stay."""
+    marks = sorted((LOCAL_NODE_CACHE / "compile").glob(f"*/{node_cache_fill.SHARED_MARK.format('*')}"))
+    for mark in marks:
+        mark.unlink(missing_ok=True)
+    return marks
 
 
 def on_this_machine(value: str) -> str:

@@ -99,6 +99,8 @@ def _rehearse(
         "snapshot": str(node_copy or weights.snapshot(model_id)),
         "through": "node cache" if node_copy else "Ray's S3 mirror",
         "from_s3": from_s3,
+        # Each engine's compile caches, shared in this run's S3 after it started (shared_compile_cache).
+        "compile_archives": weights.archives(),
     }
     args.report.write_text(json.dumps(recorded_report, indent=2))
     return status if from_s3 else (status or 1)

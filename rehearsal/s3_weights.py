@@ -10,10 +10,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from . import profile
 from .local_aws import CREDENTIALS, client, moto_server
 
 # The deployed bucket is the stack's (its name is a CloudFormation Ref); here it is this one.
@@ -26,6 +28,7 @@ class StagedWeights:
     env: dict[str, str]  # for Ray's workers: moto's endpoint, dummy credentials, HF offline
     sha: str  # the run's own snapshot id (the ``hash`` object)
     cache: Path  # the run's Hugging Face cache, where Ray's mirror writes the snapshot
+    archives: Callable[[], list[str]] = list  # the compile archives the engines shared so far
 
     def snapshot(self, model_id: str) -> Path:
         """Where Ray's S3 mirror puts the files (huggingface_hub's cache layout)."""
@@ -60,6 +63,7 @@ def prefix_of(model_source: str) -> str:
 @contextlib.contextmanager
 def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Iterator[StagedWeights]:
     """moto's S3 server with ``checkpoint`` staged under the deployed prefix, for the block."""
+    profile.forget_compile_marks()  # this moto holds no compile archive yet
     with moto_server(port) as endpoint:
         s3 = client("s3", endpoint)
         s3.create_bucket(Bucket=BUCKET)
@@ -71,4 +75,11 @@ def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Ite
         cache = work / f"hf-cache-{sha[:8]}"
         cache.mkdir(parents=True, exist_ok=True)
         env = {**CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
-        yield StagedWeights(uri=f"s3://{BUCKET}/{prefix}", env=env, sha=sha, cache=cache)
+        yield StagedWeights(uri=f"s3://{BUCKET}/{prefix}", env=env, sha=sha, cache=cache,
+                            archives=lambda: _compile_archives(s3))  # fmt: skip
+
+
+def _compile_archives(s3: Any) -> list[str]:
+    """The compile archives the run's engines shared (the node cache's ``share_compiled``)."""
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="compile/").get("Contents", [])
+    return sorted(str(item["Key"]) for item in listed)

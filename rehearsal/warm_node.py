@@ -83,6 +83,7 @@ def warm_node(checkpoint: Path, rehearsed: dict[str, Any], port: int) -> Iterato
     seeded; yields the env Ray's processes need to reach that S3 (and Hugging Face offline)."""
     files = manifest(checkpoint)
     snapshot = uuid.uuid4().hex
+    profile.forget_compile_marks()  # this moto holds no compile archive yet
     with moto_server(port) as endpoint:
         s3 = client("s3", endpoint)
         s3.create_bucket(Bucket=BUCKET)

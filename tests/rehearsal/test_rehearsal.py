@@ -114,6 +114,12 @@ def test_the_deployed_serve_app_moves_kv_from_prefill_to_decode_and_scales_decod
     assert {s["deployment"].split(":")[0] for s in starts} == {"Prefill", "Decode"}
     assert {s["node_init_how"] for s in starts} == {"in the replica"}, starts
     assert all(s["parts_s"]["node_init"] is not None for s in starts)
+    # Each engine's compile caches (shared_compile_cache, the default): looked for before it started
+    # (the split's line), then shared once it served: one archive per engine, in this run's S3.
+    assert all(str(s["compile_caches"]).startswith("compile caches: ") for s in starts), starts
+    engines = [llm for _, llm in layout.phase_llm_configs(report["rehearsed"])]
+    keys = {llm["callback_config"]["callback_kwargs"]["compiled"] for llm in engines}
+    assert len(keys) == 2 and report["weights"]["compile_archives"] == sorted(keys)
     requests = report["pd"]["requests"]
     assert [r["kind"] for r in requests].count("stream") == 4
     for request in requests:
