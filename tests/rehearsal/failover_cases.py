@@ -312,6 +312,31 @@ async def main() -> None:
     assert await asyncio.wait_for(collect(later), 30) == ["q:1", "q:2", "q:3"]
     print("ok another application by name: refused within wait_s before it exists, served once it runs")
 
+    ran: list[str] = []
+
+    class Callback:
+        async def on_engine_started(self) -> None:
+            ran.append("shared")
+
+    class Config:
+        def __init__(self, callback: Any) -> None:
+            self.callback = callback
+
+        def get_or_create_callback(self) -> Any:
+            if isinstance(self.callback, Exception):
+                raise self.callback
+            return self.callback
+
+    server = object.__new__(failover.FailoverDecodeServer)
+    for callback, started in ((Callback(), True), (object(), False), (RuntimeError("no placement group"), False)):
+        server._llm_config = Config(callback)
+        task = failover.engine_started(server)
+        assert (task is not None) == started, callback
+        if task is not None:
+            await task
+    assert ran == ["shared"]
+    print("ok the callback's after-start hook runs in the background; none, or a failing lookup, fails nothing")
+
     prefill = object.__new__(failover.FailoverPrefillServer)
     prefill._pair, prefill._unpaired_seen = "aaaa", set()
     assert prefill._unpaired(None) is None and prefill._unpaired("aaaa") is None

@@ -26,6 +26,7 @@ EXPECTED = (
     "engines clear the orchestrator's fields on every path; its body is refused for the cooldown",
     "the builder's args are checked; an engine refuses to start on a Ray and vLLM the record does not cover",
     "another application by name: refused within wait_s before it exists, served once it runs",
+    "the callback's after-start hook runs in the background; none, or a failing lookup, fails nothing",
     "prefill refuses a decode of another pair key with a 503 before its engine",
 )
 

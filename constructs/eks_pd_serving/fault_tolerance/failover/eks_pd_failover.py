@@ -1225,9 +1225,13 @@ def _error_response(
 def engine_started(server: Any) -> asyncio.Task[None] | None:
     """Run the ``LLMConfig`` callback's ``on_engine_started``, if it has one, in the background once
     the replica's engine started healthy (the node cache shares its compile caches then); the task,
-    which the replica keeps. Ray Serve LLM 2.58's callbacks have no hook after the engine's start."""
-    callback = server._llm_config.get_or_create_callback()
-    hook = getattr(callback, "on_engine_started", None)
+    which the replica keeps. Ray Serve LLM 2.58's callbacks have no hook after the engine's start.
+    What runs there is an optimization: nothing of it fails the replica, which serves already."""
+    try:
+        hook = getattr(server._llm_config.get_or_create_callback(), "on_engine_started", None)
+    except Exception as error:
+        logger.warning("the LLMConfig callback's on_engine_started was not run (%s: %s)", type(error).__name__, error)
+        return None
     return asyncio.get_running_loop().create_task(hook()) if hook is not None else None
 
 
