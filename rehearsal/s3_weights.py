@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from eks_pd_serving.weights.node_cache import COMPILE_PREFIX
+
 from . import profile
 from .local_aws import CREDENTIALS, client, moto_server
 
@@ -81,5 +83,5 @@ def staged(checkpoint: Path, deployed_source: str, work: Path, port: int) -> Ite
 
 def _compile_archives(s3: Any) -> list[str]:
     """The compile archives the run's engines shared (the node cache's ``share_compiled``)."""
-    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix="compile/").get("Contents", [])
+    listed = s3.list_objects_v2(Bucket=BUCKET, Prefix=f"{COMPILE_PREFIX}/").get("Contents", [])
     return sorted(str(item["Key"]) for item in listed)

@@ -27,7 +27,7 @@ from .layout import RAY_HEAD_CPU_M, SYSTEM_NODE_LABELS, GpuCapacity, GpuGroup
 from .phase import Phase
 from .sizing import IMAGE_DISK_GIB, MAX_NUM_BATCHED_TOKENS, largest_checkpoint_bytes
 from .weights import node_cache
-from .weights.model_weights import COMPILE_PREFIX, Removal
+from .weights.model_weights import Removal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,6 +62,8 @@ class WeightsPlan:
     removal: Removal
     access_logs: tuple[str, str] | None
     more: tuple[tuple[str, str, str], ...] = ()
+    #: The GPU workers share their compile caches under the bucket's ``compile/`` (``shares_compile_caches``).
+    share_compile_caches: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +165,7 @@ def plan(config: DeploymentConfig, *, brought_vpc: bool = False) -> DeploymentPl
             if config.access_logs_bucket
             else None,
             more=tuple((m.model_id, m.repository, m.revision) for m in config.models[1:]),
+            share_compile_caches=shares_compile_caches(config),
         )
         if config.weights_source == "s3"
         else None,
@@ -449,7 +452,9 @@ def node_cache_spec(config: DeploymentConfig, image: str) -> k8s.NodeCacheSpec |
         mount_path=node_cache.CACHE_PATH,
         compile_key=node_cache.compile_key(image),
         fill_callback=node_cache.callback_class(),
-        compile_prefix=f"{COMPILE_PREFIX}/{node_cache.compile_key(image)}" if shares_compile_caches(config) else None,
+        compile_prefix=f"{node_cache.COMPILE_PREFIX}/{node_cache.compile_key(image)}"
+        if shares_compile_caches(config)
+        else None,
     )
 
 

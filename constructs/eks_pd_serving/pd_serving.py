@@ -267,7 +267,7 @@ class PdServing(Construct):
             if self.weights:
                 self.weights.grant_read(role)
                 nag.acknowledge(role, nag.model_readers(self.weights.bucket))
-                if mapping.shares_compile_caches(self.config):
+                if self.plan.weights and self.plan.weights.share_compile_caches:
                     self.weights.share_compile_caches(role)
                     nag.acknowledge(role, nag.compile_sharers(self.weights.bucket))
             if self.api_keys:

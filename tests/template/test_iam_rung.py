@@ -349,6 +349,19 @@ def test_the_rung_fails_on_a_prefix_conditioned_list_for_the_compile_caches(
     assert missing and all(m.startswith(f"s3:ListBucket on arn:aws:s3:::{BUCKET_NAME}") for m in missing)
 
 
+def test_the_rung_fails_on_the_workers_role_without_the_compile_grant(
+    synthesized: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The role as shared_compile_cache=false leaves it (its reads of models/ only): the share's
+    upload and the fill's read of compile/ are refused."""
+    policies = principal_policies(synthesized, _workers_role(synthesized), _names(synthesized))
+    without = [s for s in policies if "s3:PutObject" not in s["Action"]]
+    key = _compiled_key()
+    missing = denied(without, _compile_share_calls(key, monkeypatch, tmp_path))
+    assert f"s3:PutObject on arn:aws:s3:::{BUCKET_NAME}/{key}" in missing
+    assert f"s3:GetObject on arn:aws:s3:::{BUCKET_NAME}/{key}" in missing
+
+
 def test_the_workers_role_allows_the_node_cache_fill_on_the_staged_revision_and_the_one_before(
     synthesized: dict[str, Any], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

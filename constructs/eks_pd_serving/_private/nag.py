@@ -289,24 +289,28 @@ def weights_is_complete(bucket: IConstruct) -> dict[str, str]:
     }
 
 
-def model_readers(bucket: IConstruct) -> dict[str, str]:
+def _bucket_objects(bucket: IConstruct, prefix: str, reason: str) -> dict[str, str]:
+    """IAM5 on ``<bucket>/<prefix>/*``, acknowledged for ``reason``."""
     (bucket_id,) = _stack_ids(bucket)
-    return {
-        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/models/*]": (
-            "The Ray workers read the revisions this stack staged (the old one still serves until the new "
-            "one is staged); the bucket holds nothing else."
-        ),
-    }
+    return {f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/{prefix}/*]": reason}
+
+
+def model_readers(bucket: IConstruct) -> dict[str, str]:
+    return _bucket_objects(
+        bucket,
+        "models",
+        "The Ray workers read the revisions this stack staged (the old one still serves until the new one is "
+        "staged); the bucket holds nothing else but the engines' compile archives under compile/.",
+    )
 
 
 def compile_sharers(bucket: IConstruct) -> dict[str, str]:
-    (bucket_id,) = _stack_ids(bucket)
-    return {
-        f"{PACK}-IAM5[Resource::<{bucket_id}.Arn>/compile/*]": (
-            "The GPU workers share compile archives keyed by image and engine settings under compile/ "
-            "(shared_compile_cache); the keys are derived in the pods, one per engine settings."
-        ),
-    }
+    return _bucket_objects(
+        bucket,
+        "compile",
+        "The GPU workers share compile archives keyed by image and engine settings under compile/ "
+        "(shared_compile_cache); the keys are derived in the pods, one per engine settings.",
+    )
 
 
 def waiting_provider_framework(provider: IConstruct, on_event: IConstruct, is_complete: IConstruct) -> dict[str, str]:

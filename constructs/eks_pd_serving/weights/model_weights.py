@@ -27,6 +27,7 @@ from constructs import Construct
 from .._private import checkov, nag
 from .._private.kms import rotating_key
 from ..log_groups import LogGroups
+from .node_cache import COMPILE_PREFIX
 
 JOB_DIR = Path(__file__).parent / "job"
 HANDLER_DIR = Path(__file__).parent / "handler"
@@ -42,10 +43,9 @@ _OUTSIDE_VPC = "Calls only CodeBuild and S3 APIs; no ENI to release on destroy"
 
 
 WEIGHTS_PREFIX = "models"
-# The engines' compile caches, one archive per image and engine settings (``share_compile_caches``),
-# expired this long after their upload: a node of a newer image or other settings compiles and
+# The engines' compile archives (``share_compile_caches``, under the node cache's COMPILE_PREFIX)
+# expire this long after their upload: a node of a newer image or other settings compiles and
 # shares its own, and an archive still in use is shared again by the next node that compiles it.
-COMPILE_PREFIX = "compile"
 COMPILE_EXPIRY = Duration.days(30)
 
 

@@ -27,6 +27,9 @@ UPSTREAM_DEFINITIONS = (
     # on_before_node_init before it reads ctx.run_init_node, and initialize_node is what that skips.
     "ray/llm/_internal/serve/engines/vllm/vllm_engine.py:VLLMEngine.start",
     "ray/llm/_internal/serve/utils/node_initialization_utils.py:initialize_node",
+    # The engine servers' after-start hook (engine_started): the replica's LLMConfig hands back the
+    # callback instance its engine's start used, whose on_engine_started shares the compile caches.
+    "ray/llm/_internal/serve/core/configs/llm_config.py:LLMConfig.get_or_create_callback",
 )
 # Each version's digests, in the order of UPSTREAM_DEFINITIONS, space-separated (``tools/ray_upstream.py``
 # prints them).
@@ -34,12 +37,12 @@ UPSTREAM: dict[str, str] = {
     "2.58.0": (
         "25d933dcb258731f a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
         "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
-        "6fb3fcb5e6335a14 cc1f495f733bbe09 237efb327a926046"
+        "6fb3fcb5e6335a14 cc1f495f733bbe09 237efb327a926046 0a1dfa859d97b6ea"
     ),
     "2.60.0": (
         "6820d7b51a3fb29c a7aca6a3ab0509da e8ac2c82b9fb2b4b e1f056b550fc5ae0 b9c6a1dc09a21b9d c37a21e9b356036d "
         "f3685d5feb0dfad6 e0ad009bfc8ea78d 791af4d52064adf8 1c214d1a2102dd29 96bfbf28c3f19dff d5a76bb160dbadad "
-        "6fb3fcb5e6335a14 62803bfb2fdd1cd1 237efb327a926046"
+        "6fb3fcb5e6335a14 62803bfb2fdd1cd1 237efb327a926046 0a1dfa859d97b6ea"
     ),
 }
 

@@ -18,6 +18,9 @@ MOUNT_PATH = "/opt/eks-pd/node-cache"
 HOST_PATH = "/mnt/k8s-disks/0/eks-pd-serving"
 # Where the worker container sees it.
 CACHE_PATH = "/var/cache/eks-pd"
+# The engines' compile caches in the weights bucket: one archive per image and engine settings
+# (``shared_compile_cache``).
+COMPILE_PREFIX = "compile"
 
 
 _CODE = pod_code.Shipped(__file__, FILE_NAME)
@@ -39,6 +42,7 @@ def compile_key(image: str) -> str:
 
 __all__ = [
     "CACHE_PATH",
+    "COMPILE_PREFIX",
     "FILE_NAME",
     "HOST_PATH",
     "MODULE",

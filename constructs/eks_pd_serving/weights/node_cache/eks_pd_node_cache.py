@@ -40,6 +40,7 @@ Standard library and boto3 (which the image's Ray uses for its own S3 mirror).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -48,6 +49,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -279,15 +281,29 @@ def compile_folders(env: Any = os.environ) -> dict[str, Path]:
     return {name: Path(env[name]) for name in COMPILE_ENV if env.get(name)}
 
 
-def _mark(folders: dict[str, Path], key: str) -> Path:
+@contextlib.contextmanager
+def _marked(folders: dict[str, Path], key: str) -> Iterator[Path]:
+    """This node's mark of the archive ``key`` (beside the compile folders), under the node's lock
+    of its compile caches for the block: one fill or share at a time."""
     root = Path(os.path.commonpath([str(p) for p in folders.values()]))
-    return root / SHARED_MARK.format(hashlib.sha256(key.encode()).hexdigest()[:16])
+    root.mkdir(parents=True, exist_ok=True)
+    with (root / COMPILE_LOCK).open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield root / SHARED_MARK.format(hashlib.sha256(key.encode()).hexdigest()[:16])
+
+
+def _mark(mark: Path, key: str, source: str, **more: Any) -> None:
+    mark.write_text(json.dumps({"key": key, "from": source, **more}, sort_keys=True))
+
+
+def _code(error: Exception) -> str:
+    """S3's error code of a botocore ClientError ("" for any other error)."""
+    return str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
 
 
 def _missing(error: Exception) -> bool:
-    """S3's answer for a key not there: 404 (the workers may list ``compile/``, so never a 403)."""
-    code = str(getattr(error, "response", {}).get("Error", {}).get("Code", ""))
-    return code in ("NoSuchKey", "404", "NotFound")
+    """S3's answer for a key not there: 404 (the workers may list the bucket, so never a 403)."""
+    return _code(error) in ("NoSuchKey", "404", "NotFound")
 
 
 def fill_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
@@ -296,10 +312,7 @@ def fill_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
     folders = compile_folders(env)
     if not folders:
         return "compile caches: no folders in the env; nothing shared"
-    mark = _mark(folders, key)
-    mark.parent.mkdir(parents=True, exist_ok=True)
-    with (mark.parent / COMPILE_LOCK).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _marked(folders, key) as mark:
         if mark.exists():
             return f"compile caches: this node holds s3://{bucket}/{key} already"
         client, _ = _s3()
@@ -313,9 +326,9 @@ def fill_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
         try:
             written, skipped = _extract(body, folders)
         except Exception as error:  # a damaged archive: what was extracted stays, the engine compiles the rest
-            mark.write_text(json.dumps({"key": key, "from": "s3", "error": str(error)}, sort_keys=True))
+            _mark(mark, key, "s3", error=str(error))
             return f"compile caches: s3://{bucket}/{key} unreadable ({error}); this start compiles what is missing"
-        mark.write_text(json.dumps({"key": key, "from": "s3", "files": written}, sort_keys=True))
+        _mark(mark, key, "s3", files=written)
         refused = f", {skipped} members skipped (not a file of the compile folders)" if skipped else ""
         return (f"compile caches: {written} files from s3://{bucket}/{key} in "
                 f"{time.monotonic() - started:.1f} s{refused}")  # fmt: skip
@@ -364,15 +377,13 @@ def share_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
     folders = compile_folders(env)
     if not folders:
         return "compile caches: no folders in the env; nothing shared"
-    mark = _mark(folders, key)
-    with (mark.parent / COMPILE_LOCK).open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with _marked(folders, key) as mark:
         if mark.exists():
             return f"compile caches: s3://{bucket}/{key} holds this node's kernels already"
         client, _ = _s3()
         try:
             client.head_object(Bucket=bucket, Key=key)
-            mark.write_text(json.dumps({"key": key, "from": "another node"}, sort_keys=True))
+            _mark(mark, key, "another node")
             return f"compile caches: s3://{bucket}/{key} was shared by another node"
         except Exception as error:
             if not _missing(error):
@@ -396,14 +407,11 @@ def share_compiled(bucket: str, key: str, env: Any = os.environ) -> str:
             try:
                 client.put_object(Bucket=bucket, Key=key, Body=spool, IfNoneMatch="*")
             except Exception as error:
-                if str(getattr(error, "response", {}).get("Error", {}).get("Code", "")) not in (
-                    "PreconditionFailed",
-                    "412",
-                ):
+                if _code(error) not in ("PreconditionFailed", "412"):  # the conditional write lost
                     raise
-                mark.write_text(json.dumps({"key": key, "from": "another node"}, sort_keys=True))
+                _mark(mark, key, "another node")
                 return f"compile caches: s3://{bucket}/{key} was shared by another node first"
-        mark.write_text(json.dumps({"key": key, "from": "this node", "files": files}, sort_keys=True))
+        _mark(mark, key, "this node", files=files)
         return (f"compile caches: shared {files} files ({size / 2**20:.1f} MiB) as s3://{bucket}/{key} in "
                 f"{time.monotonic() - started:.1f} s")  # fmt: skip
 
